@@ -1,0 +1,23 @@
+"""ackqueue: a persistent, acknowledging drop-in replacement for queue.Queue on ZODB.
+
+    from ackqueue import AckQueue
+    q = AckQueue(path="jobs.fs")      # was: q = queue.Queue()
+
+Items survive crashes and restarts; get() hands an item out in flight and it leaves the
+queue only when acknowledged (ack() or task_done()); otherwise it comes back.
+"""
+from queue import Empty, Full
+
+from .connection import QueueConnection
+from .errors import (AckQueueError, NotAQueueFile, NotHeld, QueueKindMismatch, QueueLocked,
+                     ShutDown, StaleAck, StorageError, UnpicklableItem)
+from .message import Message, MessageId
+from .queue import AckLifoQueue, AckPriorityQueue, AckQueue
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AckQueue", "AckLifoQueue", "AckPriorityQueue", "QueueConnection", "Message",
+    "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
+    "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
+]

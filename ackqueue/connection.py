@@ -1,0 +1,498 @@
+"""Per-thread handles on a queue, and transaction blocks.
+
+A QueueConnection is what q.connect() returns and what the queue object uses behind the
+scenes for the calling thread.  It belongs to the thread that made it: when that thread
+ends, everything it still holds is given back (ackqueue.state's reaper notices).  It has its
+own ZODB connection and transaction manager, used to read message bodies that are not in
+memory (a backlog from an earlier run) without touching any other thread's connection.
+
+Transactions.  ``with conn.transaction():`` gathers every get, put and ack made inside into
+one unit that the committer writes as one commit: leaving normally makes it durable; leaving
+by an exception gives the received messages back and drops the puts.  When the queue lives
+in the application's own database (AckQueue(db=...)) and the thread's ``transaction.manager``
+has a transaction in progress, queue operations join *that* transaction instead: their
+store changes are written, just before it commits, through the application's own connection
+(a second connection of the same database in one transaction would deadlock, ZODB issue
+258), so the application's objects and the queue commit or roll back as one.
+"""
+import pickle
+import threading
+import weakref
+
+import transaction
+from ZODB.Connection import Connection as _ZODBConnection
+
+from . import store
+from .errors import AckQueueError, NotHeld, StaleAck, UnpicklableItem
+from .message import Message, MessageId
+from .state import Meta, check_timeout
+
+__all__ = ["QueueConnection", "TransactionBlock"]
+
+DEFAULT = object()          # "use the queue's default visibility timeout"
+
+# Threads whose run() raised: what they held is given back even in plain queue.Queue code.
+# Recorded by a threading.excepthook that hands over to the hook it replaced.
+_failed_threads = weakref.WeakSet()
+_previous_excepthook = threading.excepthook
+
+
+def _record_failed_thread(args):
+    if args.thread is not None:
+        _failed_threads.add(args.thread)
+    _previous_excepthook(args)
+
+
+threading.excepthook = _record_failed_thread
+RELEASED_KEPT = 1024        # given-back deliveries remembered to explain a late ack
+
+
+def dumps(item):
+    """Pickle an item for the store; anything pickle refuses becomes UnpicklableItem."""
+    try:
+        return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise UnpicklableItem(
+            f"cannot queue a {type(item).__name__!r} item: it cannot be pickled ({exc})"
+        ) from exc
+
+
+def check_visibility(value):
+    """A visibility timeout is None (held until acknowledged) or a positive number."""
+    if value is None:
+        return None
+    check_timeout(value, "visibility_timeout")
+    if value == 0:
+        raise ValueError("'visibility_timeout' must be a positive number of seconds or None")
+    return value
+
+
+class TransactionBlock:
+    """The operations of one transaction: what it received, put and acknowledged."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.got = []             # holdings received inside: acknowledged by the commit
+        self.acks = []            # holdings acknowledged inside
+        self.put_ops = []         # store.Put operations
+        self.put_entries = []     # (seq, key, meta, visible_at) made visible by the commit
+        self.finished = False
+
+    def ops(self):
+        name = self.conn._state.name
+        return ([store.Ack(name, h.seq, h.skey) for h in self.got + self.acks]
+                + self.put_ops)
+
+    def holdings(self):
+        return self.got + self.acks
+
+    # Explicit blocks (with q.transaction():) commit through the committer.
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.conn._block = None
+        if exc_type is None:
+            self.commit_now()
+        else:
+            self.rollback("its transaction block raised " + exc_type.__name__)
+        return False
+
+    def commit_now(self):
+        state = self.conn._state
+        try:
+            state.begin_settle(self.holdings())
+        except StaleAck:
+            self.rollback("its transaction could not commit")
+            raise
+        ticket = state.committer.submit(
+            self.ops(), on_commit=lambda: state.txn_committed(self),
+            on_fail=lambda error: state.txn_rolled_back(self, "its transaction failed"))
+        try:
+            ticket.wait()
+        finally:
+            self.finished = True
+            _forget(self.holdings())
+
+    def rollback(self, why):
+        if self.finished:
+            return
+        self.finished = True
+        self.conn._state.txn_rolled_back(self, why)
+        _forget(self.got)
+
+
+class _AppTransactionBlock(TransactionBlock):
+    """Queue operations that joined an application transaction (queues on db=).
+
+    It is joined to the transaction as a data manager (to hear of aborts) and writes its
+    store changes from a before-commit hook, through a connection already in the
+    transaction when there is one."""
+
+    def __init__(self, conn, txn):
+        super().__init__(conn)
+        self.txn = txn
+        txn.join(self)
+        txn.addBeforeCommitHook(self._before_commit)
+        txn.addAfterCommitHook(self._after_commit)
+
+    def _before_commit(self):
+        state = self.conn._state
+        state.begin_settle(self.holdings())
+        target = None
+        for resource in getattr(self.txn, "_resources", ()):
+            if isinstance(resource, _ZODBConnection) and resource.db() is state.database.db:
+                target = resource
+                break
+        if target is None:
+            target = self.conn._app_connection()
+        root = target.root()
+        for op in self.ops():
+            op.apply(root)
+
+    def _after_commit(self, status):
+        if self.finished:
+            return
+        if status:
+            self.finished = True
+            self.conn._state.txn_committed(self)
+            _forget(self.holdings())
+        else:
+            self.rollback("the application's transaction failed to commit")
+
+    # IDataManager: our changes travel in the application connection; we only listen.
+    def abort(self, txn):
+        self.rollback("the application's transaction was aborted")
+
+    def tpc_begin(self, txn):
+        pass
+
+    def commit(self, txn):
+        pass
+
+    def tpc_vote(self, txn):
+        pass
+
+    def tpc_finish(self, txn):
+        pass
+
+    def tpc_abort(self, txn):
+        self.rollback("the application's transaction failed to commit")
+
+    def sortKey(self):
+        return f"~ackqueue:{id(self)}"
+
+    def savepoint(self):
+        return _Savepoint(self)
+
+
+class _Savepoint:
+    """Rolling back to a savepoint undoes the queue operations made after it."""
+
+    def __init__(self, block):
+        self.block = block
+        self.marks = (len(block.got), len(block.acks), len(block.put_ops))
+
+    def rollback(self):
+        block = self.block
+        ngot, nacks, nputs = self.marks
+        state = block.conn._state
+        later = TransactionBlock(block.conn)
+        later.got, block.got = block.got[ngot:], block.got[:ngot]
+        later.acks, block.acks = block.acks[nacks:], block.acks[:nacks]
+        later.put_ops, block.put_ops = block.put_ops[nputs:], block.put_ops[:nputs]
+        later.put_entries, block.put_entries = (block.put_entries[nputs:],
+                                                block.put_entries[:nputs])
+        state.txn_rolled_back(later, "a savepoint was rolled back")
+        _forget(later.got)
+
+
+class QueueConnection:
+    """One thread's handle on a queue: get, put, ack, nack, get_message, transaction, close.
+
+    Use it from the thread that made it.  As a context manager it gives back, on exit,
+    whatever it still holds unacknowledged.
+
+    When its thread ends while it holds messages, they are given back (by the state's
+    reaper, without the thread's help) if the thread died of an uncaught exception, or if
+    the program acknowledges on this queue at all (ack, nack, task_done, join, connect,
+    transaction, a visibility timeout).  A program that never acknowledges uses the queue
+    as plain queue.Queue code, where a get is final: what its ended threads got comes back
+    only at a visibility deadline or on the next open."""
+
+    thread_bound = True
+
+    def __init__(self, front, state):
+        self._front = front
+        self._state = state
+        self._thread = weakref.ref(threading.current_thread())
+        self._holdings = {}         # token -> Holding, oldest delivery first
+        self._released = 0          # how many entries of _holdings are given back
+        self._block = None          # the explicit transaction block in progress
+        self._app_block = None      # the application transaction block in progress
+        self._tm = None             # our own transaction manager and ZODB connection
+        self._zconn = None
+        self._app_zconn = None      # a connection in the thread's transaction.manager
+        self.closed = False
+
+    def __repr__(self):
+        thread = self._thread()
+        owner = thread.name if thread is not None else "an ended thread"
+        return f"<QueueConnection to {self._state.name!r} of {owner}>"
+
+    # -- the thread it belongs to --------------------------------------------------------
+
+    def alive(self):
+        thread = self._thread()
+        return thread is not None and thread.is_alive() and not self.closed
+
+    def ended_by_exception(self):
+        thread = self._thread()
+        return thread is not None and thread in _failed_threads
+
+    def _check_thread(self):
+        if self.closed:
+            raise AckQueueError("this queue connection is closed")
+        if self._thread() is not threading.current_thread():
+            raise AckQueueError(
+                f"{self!r} belongs to another thread; call q.connect() in each thread "
+                "(or use the queue object itself, which does that for you)")
+
+    # -- put ------------------------------------------------------------------------------
+
+    def put(self, item, block=True, timeout=None):
+        """Put item; returns once it is durable (or, in a transaction, once recorded)."""
+        check_timeout(timeout)
+        body = dumps(item)
+        self._put_bodies([(item, body)], block, timeout)
+
+    def _put_bodies(self, pairs, block, timeout):
+        state = self._state
+        if state.kind == store.VALUE:
+            pairs = [(pickle.loads(body), body) for _, body in pairs]   # a private copy
+            state.check_orderable([item for item, _ in pairs])
+        seqs = state.reserve_put(self._front, len(pairs), block, timeout)
+        now = state.clock()
+        ops, entries = [], []
+        for seq, (item, body) in zip(seqs, pairs):
+            skey = store.store_key(state.kind, store.DEFAULT_PRIORITY, seq)
+            meta = Meta(body, store.DEFAULT_PRIORITY, now)
+            ops.append(store.Put(state.name, seq, skey, body, store.DEFAULT_PRIORITY, now))
+            entries.append((seq, state.memory_key(skey, item), meta, None))
+        txn = self._transaction_block()
+        if txn is not None:
+            txn.put_ops.extend(ops)
+            txn.put_entries.extend(entries)
+            return
+        try:
+            ticket = state.committer.submit(
+                ops, on_commit=lambda: state.puts_committed(entries),
+                on_fail=lambda error: state.unreserve(len(entries)))
+        except BaseException:
+            state.unreserve(len(entries))
+            raise
+        ticket.wait()
+
+    # -- get ------------------------------------------------------------------------------
+
+    def get(self, block=True, timeout=None, *, visibility_timeout=DEFAULT):
+        """Receive the next item; it stays in flight until acknowledged."""
+        return self._receive(block, timeout, visibility_timeout).item
+
+    def get_message(self, block=True, timeout=None, *, visibility_timeout=DEFAULT):
+        """Like get(), but return a Message (id, body, receive_count, sent_at, deadline)."""
+        h = self._receive(block, timeout, visibility_timeout)
+        return Message(MessageId(h.seq), h.item, h.receive_count, h.meta.sent_at,
+                       h.deadline, h.meta.priority, self._state.name, h)
+
+    def _receive(self, block, timeout, visibility_timeout):
+        self._check_thread()
+        check_timeout(timeout)
+        if visibility_timeout is DEFAULT:
+            visibility_timeout = self._front.visibility_timeout
+        visibility_timeout = check_visibility(visibility_timeout)
+        if visibility_timeout is not None:
+            self._state.acknowledging = True
+        txn = self._transaction_block()
+        state = self._state
+        h = state.claim(self._front, self, block, timeout, visibility_timeout,
+                        self._load_meta, record=not isinstance(txn, _AppTransactionBlock))
+        try:
+            h.item = pickle.loads(h.meta.body)
+        except Exception as exc:
+            state.give_back(h, "its body could not be unpickled")
+            raise AckQueueError(
+                f"message {h.seq} of queue {state.name!r} cannot be unpickled: {exc!r}"
+            ) from exc
+        self._holdings[h.token] = h
+        if txn is not None:
+            h.txn = txn
+            txn.got.append(h)
+        return h
+
+    def _load_meta(self, seq):
+        """Read a message that is not in memory (called with the state's mutex held)."""
+        if self._zconn is None:
+            self._tm = transaction.TransactionManager()
+            self._zconn = self._state.database.db.open(transaction_manager=self._tm)
+        self._tm.begin()
+        try:
+            rec = self._zconn.root()[store.ROOT_KEY].queues[self._state.name]
+            m = rec.messages[seq]
+            return Meta(m.body, m.priority, m.sent_at, m.receive_count, m.first_received,
+                        m.last_received)
+        finally:
+            self._tm.abort()
+
+    # -- ack, nack, task_done -------------------------------------------------------------
+
+    def find(self, x):
+        """The live-or-recent holding that x names (a Message, an item got, a MessageId)."""
+        if isinstance(x, Message):
+            return x._holding if x.queue == self._state.name else None
+        holdings = list(self._holdings.values())
+        for h in holdings:
+            if h.item is x:
+                return h
+        if isinstance(x, MessageId):
+            for h in reversed(holdings):
+                if h.seq == x:
+                    return h
+        return None
+
+    def ack(self, x):
+        """Acknowledge: the message leaves the queue for good (durable when this returns)."""
+        self.ack_holding(self._require(x))
+
+    def ack_holding(self, h):
+        """Acknowledge h (which may be another connection's), in this thread's transaction
+        if one is in progress."""
+        self._state.acknowledging = True
+        txn = self._transaction_block()
+        try:
+            if txn is not None:
+                with self._state.mutex:
+                    self._state.check_current(h)
+                if h not in txn.got and h not in txn.acks:
+                    txn.acks.append(h)
+                return
+            self._state.ack(h)
+        except StaleAck:
+            _forget([h])
+            raise
+        _forget([h])
+
+    def nack(self, x, delay=0):
+        """Give a message back now (or after delay seconds), at its original place."""
+        self.nack_holding(self._require(x), delay)
+
+    def nack_holding(self, h, delay=0):
+        check_timeout(delay, "delay")
+        self._state.acknowledging = True
+        if h.txn is not None and h in h.txn.got:
+            h.txn.got.remove(h)
+        try:
+            self._state.give_back(h, "it was given back with nack()", delay)
+        finally:
+            _forget([h])
+
+    def oldest_unacked(self):
+        """The oldest delivery this connection holds and has not acknowledged, or None."""
+        for h in list(self._holdings.values()):
+            if h.released is None and not h.settling:
+                return h
+        return None
+
+    def _require(self, x):
+        h = self.find(x)
+        if h is None:
+            raise NotHeld(f"{x!r} is not an item this thread received from queue "
+                          f"{self._state.name!r} and has not acknowledged")
+        return h
+
+    def _forget(self, holdings):
+        for h in holdings:
+            self._holdings.pop(h.token, None)
+        self._prune()
+
+    def _prune(self):
+        # Given-back deliveries are kept a while so that a late ack says why it is late.
+        released = [t for t, h in self._holdings.items() if h.released is not None]
+        for token in released[:max(0, len(released) - RELEASED_KEPT)]:
+            del self._holdings[token]
+
+    # -- transactions ---------------------------------------------------------------------
+
+    def transaction(self):
+        """``with conn.transaction():`` makes the gets, puts and acks inside one commit."""
+        self._check_thread()
+        self._state.acknowledging = True
+        if self._block is not None or self._app_block_active():
+            raise AckQueueError("a queue transaction is already in progress in this thread "
+                                "(transaction blocks do not nest)")
+        self._block = TransactionBlock(self)
+        return self._block
+
+    def _transaction_block(self):
+        if self._block is not None:
+            return self._block
+        if self._state.database.owned:       # only queues on an application's own db=
+            return None
+        txn = _active_app_transaction()
+        if txn is None:
+            return None
+        if self._app_block is None or self._app_block.txn is not txn or \
+                self._app_block.finished:
+            self._app_block = _AppTransactionBlock(self, txn)
+        return self._app_block
+
+    def _app_block_active(self):
+        block = self._app_block
+        return (block is not None and not block.finished
+                and block.txn is _active_app_transaction())
+
+    def _app_connection(self):
+        """A connection of the queue's db in this thread's transaction.manager."""
+        if self._app_zconn is None:
+            self._app_zconn = self._state.database.db.open()
+        return self._app_zconn
+
+    # -- closing --------------------------------------------------------------------------
+
+    def close(self):
+        """Give back everything still held, and release the ZODB connection."""
+        if self.closed:
+            return
+        self._state.give_back_all(self, "its queue connection was closed")
+        self._holdings.clear()
+        self.closed = True
+        for conn in (self._zconn, self._app_zconn):
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:
+                    pass      # a connection joined to an unfinished transaction; GC frees it
+        self._zconn = self._app_zconn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def _forget(holdings):
+    """Drop settled deliveries from the connections that received them."""
+    for h in holdings:
+        h.holder._forget([h])
+
+
+def _active_app_transaction():
+    """The thread's transaction.manager transaction, if one is in progress."""
+    manager = getattr(transaction.manager, "manager", transaction.manager)
+    txn = getattr(manager, "_txn", None)
+    if txn is None or txn.status != "Active":
+        return None
+    return txn

@@ -1,0 +1,49 @@
+"""The exceptions ackqueue raises, beside the standard library's queue.Empty and queue.Full."""
+import pickle
+import queue as _stdlib_queue
+
+__all__ = [
+    "AckQueueError", "ShutDown", "StaleAck", "NotHeld", "UnpicklableItem",
+    "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
+]
+
+
+class AckQueueError(Exception):
+    """Base class of the errors that are ackqueue's own."""
+
+
+# Python 3.13 has queue.ShutDown; older Pythons get ours, raised the same way.
+ShutDown = getattr(_stdlib_queue, "ShutDown", None)
+if ShutDown is None:  # pragma: no cover - depends on the running Python
+    class ShutDown(Exception):
+        """Raised by put() and get() on a queue that was shut down (Python 3.13's queue.ShutDown)."""
+
+
+class NotHeld(AckQueueError, ValueError):
+    """ack()/nack() of something the caller does not hold: never got, already acked, or not an item."""
+
+
+class StaleAck(NotHeld):
+    """A late ack or nack: the delivery it refers to was given back (its visibility deadline passed,
+    its thread ended, or its process died) and the message may be held by someone else now.
+    The message is left untouched: a late ack must never remove it from its new holder."""
+
+
+class UnpicklableItem(TypeError, pickle.PicklingError):
+    """put() of an item that pickle cannot serialize. The queue is left unchanged."""
+
+
+class StorageError(AckQueueError):
+    """The queue's storage cannot be opened or used."""
+
+
+class QueueLocked(StorageError):
+    """The queue file is held by another process: share a queue between processes through a server."""
+
+
+class NotAQueueFile(StorageError):
+    """The path names a file that is not a ZODB FileStorage."""
+
+
+class QueueKindMismatch(StorageError, ValueError):
+    """The named queue exists with another ordering (FIFO, LIFO or priority) than the one asked for."""

@@ -1,0 +1,16 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="ackqueue",
+    version="0.1.0",
+    description="A persistent, acknowledging drop-in replacement for queue.Queue, on ZODB",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["ackqueue", "ackqueue.*"]),
+    python_requires=">=3.9",
+    install_requires=["ZODB>=5.8", "persistent>=4.9", "transaction>=3.0", "BTrees>=4.11"],
+    extras_require={
+        "test": ["pytest>=7", "pytest-timeout>=2"],
+    },
+    entry_points={"console_scripts": ["ackqueue=ackqueue.cli:main"]},
+)
