@@ -123,7 +123,11 @@ def open_database(path=None, db=None):
         if not isinstance(db, ZODB.DB):
             raise TypeError(f"db= must be a ZODB.DB, not {type(db).__name__}")
         key = ("db", id(db))
-        make = lambda: Database(db, key=key, owned=False, exclusive=False,  # noqa: E731
+        # A FileStorage is locked to one process and a MappingStorage lives in it, so what
+        # is in flight there at open belongs to no live holder.  Anything else (a ZEO
+        # client storage) may be shared with live processes.
+        exclusive = isinstance(db.storage, (FileStorage, MappingStorage))
+        make = lambda: Database(db, key=key, owned=False, exclusive=exclusive,  # noqa: E731
                                 description=f"db {db.database_name!r}")
     elif path is not None:
         if not isinstance(path, (str, os.PathLike)):
