@@ -408,6 +408,7 @@ class QueueState:
     def begin_settle(self, holdings):
         """Mark holdings as being acknowledged; all must be current (else StaleAck)."""
         with self.mutex:
+            self._expire()            # an ack after its deadline is late, reaped or not
             for h in holdings:
                 self.check_current(h)
             for h in holdings:
