@@ -17,7 +17,9 @@ class MessageId(int):
 class Message:
     """One delivery of a message.
 
-    ``body`` is the item; ``receive_count`` counts deliveries including this one; ``sent_at``
+    ``body`` is the item; ``receive_count`` counts deliveries including this one (a
+    delivery's count is written to the store without making get() wait, so a delivery cut
+    short by a process crash may be missing from the count after the next open); ``sent_at``
     is when it was put and ``deadline`` when this delivery is given back unless acknowledged
     (both clock seconds, time.time() by default; deadline is None without a visibility
     timeout).  Pass the Message itself to ack(), nack() or change_visibility(): it names this
