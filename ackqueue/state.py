@@ -25,6 +25,7 @@ import heapq
 import itertools
 import logging
 import math
+import pickle
 import threading
 import time
 from queue import Empty, Full
@@ -104,9 +105,6 @@ class _IntOrder:
         self._len -= 1
         return key
 
-    def __iter__(self):
-        return iter(self._keys)
-
 
 class _ValueOrder:
     """Ready messages ordered by item value, ties in put order (AckPriorityQueue).
@@ -140,9 +138,6 @@ class _ValueOrder:
 
     def peek(self):
         return self._heap[0]
-
-    def __iter__(self):
-        return iter(sorted(self._heap))
 
 
 def check_timeout(timeout, what="timeout"):
@@ -214,7 +209,6 @@ class QueueState:
             rec = conn.root()[store.ROOT_KEY].queues[self.name]
             self.next_seq = rec.next_seq.value
             if self.kind == store.VALUE:
-                import pickle
                 self.ready = _ValueOrder(
                     (pickle.loads(rec.messages[seq].body), seq) for seq in rec.ready)
             else:
@@ -228,7 +222,6 @@ class QueueState:
 
     def _memory_key_from_store(self, rec, seq):
         if self.kind == store.VALUE:
-            import pickle
             return (pickle.loads(rec.messages[seq].body), seq)
         return rec.key_of(seq)
 
