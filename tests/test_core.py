@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+import ackqueue
 from ackqueue import (AckLifoQueue, AckPriorityQueue, AckQueue, AckQueueError, Empty, Full,
                       Message, MessageId, NotAQueueFile, NotHeld, QueueKindMismatch,
                       StaleAck, UnpicklableItem)
@@ -656,3 +657,43 @@ def test_rolled_back_transaction_on_file_leaves_nothing_after_reopen(tmp_path):
     with AckQueue(path=path) as q:
         assert drain(q) == ["a"]
         assert q.unfinished_tasks == 1
+
+
+# -- shutdown (Python 3.13's Queue.shutdown, on every Python) -----------------------------
+
+def test_shutdown_drains_then_raises_and_wakes_blocked_getters(make):
+    q = make()
+    q.put("a")
+    q.shutdown()
+    with pytest.raises(ackqueue.ShutDown):
+        q.put("b")
+    assert q.get_nowait() == "a"            # what is ready is still handed out
+    with pytest.raises(ackqueue.ShutDown):
+        q.get_nowait()
+
+    q2 = make()
+    started, outcome = threading.Event(), []
+
+    def blocked_get():
+        started.set()
+        try:
+            q2.get(timeout=5)
+        except BaseException as exc:        # record what woke it
+            outcome.append(type(exc))
+
+    t = threading.Thread(target=blocked_get)
+    t.start()
+    started.wait()
+    q2.shutdown()
+    t.join(5)
+    assert outcome == [ackqueue.ShutDown]
+
+
+def test_shutdown_immediate_keeps_stored_items_for_the_next_open(make):
+    q = make()
+    q.put("a")
+    q.shutdown(immediate=True)
+    with pytest.raises(ackqueue.ShutDown):
+        q.get_nowait()
+    q.join()                                # returns at once after an immediate shutdown
+    assert q.unfinished_tasks == 1          # nothing stored was deleted
