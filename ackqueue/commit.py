@@ -53,9 +53,6 @@ class Ticket:
         for op in self.ops:
             op.apply(root)
 
-    def done(self):
-        return self._done.is_set()
-
     def wait(self, timeout=None):
         if not self._done.wait(timeout):
             return False
@@ -83,7 +80,6 @@ class Committer:
         self._cond = threading.Condition(threading.Lock())
         self._pending = []
         self._closing = False
-        self._busy = False
         self.commits = 0          # how many ZODB commits were made
         self.units = 0            # how many units they carried
         self.conflicts = 0        # how many commits had to be retried after a conflict
@@ -100,12 +96,6 @@ class Committer:
             self._pending.append(ticket)
             self._cond.notify()
         return ticket
-
-    def flush(self):
-        """Wait until every unit submitted so far has been committed or has failed."""
-        with self._cond:
-            while self._pending or self._busy:
-                self._cond.wait()
 
     def close(self):
         """Commit what is pending, then stop the thread and close the connection."""
@@ -126,13 +116,7 @@ class Committer:
                     if not self._pending:
                         return
                     batch, self._pending = self._pending, []
-                    self._busy = True
-                try:
-                    self._commit_group(conn, tm, batch)
-                finally:
-                    with self._cond:
-                        self._busy = False
-                        self._cond.notify_all()
+                self._commit_group(conn, tm, batch)
         finally:
             try:
                 conn.close()

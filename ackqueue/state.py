@@ -210,7 +210,7 @@ class QueueState:
             self.next_seq = rec.next_seq.value
             if self.kind == store.VALUE:
                 self.ready = _ValueOrder(
-                    (pickle.loads(rec.messages[seq].body), seq) for seq in rec.ready)
+                    self._memory_key_from_store(rec, seq) for seq in rec.ready)
             else:
                 self.ready = _IntOrder(rec.ready)
             for seq, visible_at in rec.delayed.items():
@@ -483,10 +483,6 @@ class QueueState:
             if not h.settling:
                 self._give_back(h, why)
 
-    def held_by(self, holder):
-        """The holdings of holder, oldest delivery first (call with the mutex held)."""
-        return list(self.holders.get(holder, {}).values())
-
     # -- transactions ---------------------------------------------------------------------
 
     def txn_committed(self, block):
@@ -507,10 +503,6 @@ class QueueState:
             self._unreserve(len(block.put_entries))
 
     # -- deadlines, delays, ended threads -------------------------------------------------
-
-    def expire(self):
-        with self.mutex:
-            self._expire()
 
     def _expire(self):
         """Give back what is due (call with the mutex held)."""

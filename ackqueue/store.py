@@ -40,7 +40,7 @@ __all__ = [
     "ROOT_KEY", "FORMAT", "KINDS", "PRIORITY_MAX", "DEFAULT_PRIORITY",
     "store_key", "seq_of_key", "Catalog", "QueueRecord", "MessageRecord",
     "Counters", "SeqCounter", "Put", "Claim", "Release", "Ack",
-    "catalog_of", "ensure_queue",
+    "ensure_queue",
 ]
 
 ROOT_KEY = "ackqueue"
@@ -202,11 +202,6 @@ class Catalog(Persistent):
     def __init__(self):
         self.format = FORMAT
         self.queues = OOBTree()
-
-
-def catalog_of(root):
-    """The catalog in a connection's root, or None when this storage holds no queue yet."""
-    return root.get(ROOT_KEY)
 
 
 def ensure_queue(root, name, kind):
