@@ -8,9 +8,11 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["ackqueue", "ackqueue.*"]),
     python_requires=">=3.9",
-    install_requires=["ZODB>=5.8", "persistent>=4.9", "transaction>=3.0", "BTrees>=4.11"],
+    install_requires=["ZODB>=5.8", "ZEO>=6", "persistent>=4.9", "transaction>=3.0",
+                      "BTrees>=4.11"],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2"],
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6"],
+        "bench": ["persist-queue>=1.0", "litequeue>=0.9", "matplotlib>=3.7", "psutil>=5.9"],
     },
     entry_points={"console_scripts": ["ackqueue=ackqueue.cli:main"]},
 )
