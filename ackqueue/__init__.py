@@ -2,6 +2,7 @@
 
     from ackqueue import AckQueue
     q = AckQueue(path="jobs.fs")      # was: q = queue.Queue()
+    q = AckQueue(path="zeo://127.0.0.1:8100")   # shared: ackqueue server jobs.fs
 
 Items survive crashes and restarts; get() hands an item out in flight and it leaves the
 queue only when acknowledged (ack() or task_done()); otherwise it comes back.
@@ -10,7 +11,7 @@ from queue import Empty, Full
 
 from .connection import QueueConnection
 from .errors import (AckQueueError, NotAQueueFile, NotHeld, QueueKindMismatch, QueueLocked,
-                     ShutDown, StaleAck, StorageError, UnpicklableItem)
+                     ServerUnavailable, ShutDown, StaleAck, StorageError, UnpicklableItem)
 from .message import Message, MessageId
 from .queue import AckLifoQueue, AckPriorityQueue, AckQueue
 
@@ -20,4 +21,5 @@ __all__ = [
     "AckQueue", "AckLifoQueue", "AckPriorityQueue", "QueueConnection", "Message",
     "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
+    "ServerUnavailable",
 ]

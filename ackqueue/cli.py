@@ -1,6 +1,10 @@
-"""The ackqueue command: ``ackqueue demo`` (and ``python -m ackqueue demo``)."""
+"""The ackqueue command: ``ackqueue demo``, ``ackqueue server PATH --listen HOST:PORT``
+(also as ``python -m ackqueue ...``)."""
 import argparse
+import logging
 import sys
+
+from .server import DEFAULT_PORT
 
 __all__ = ["main"]
 
@@ -17,7 +21,22 @@ def main(argv=None):
     demo.add_argument("--dir", help="folder for the queue file (default: a temporary one)")
     demo.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     demo.add_argument("--quiet", action="store_true", help="no progress lines")
+    server = commands.add_parser(
+        "server", help="share a queue file with other processes and machines (ZEO server)")
+    server.add_argument("path", help="the queue file to serve (created if missing)")
+    server.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", metavar="HOST:PORT",
+                        help=f"address to listen on (default 127.0.0.1:{DEFAULT_PORT}; "
+                             "port 0 picks a free one)")
     args = parser.parse_args(argv)
+    if args.command == "server":
+        from .server import parse_listen, serve
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            host, port = parse_listen(args.listen)
+        except ValueError as exc:
+            parser.error(str(exc))
+        return serve(args.path, host, port)
     if args.command == "demo":
         from .demo import run_demo
         return run_demo(jobs=args.jobs, workers=args.workers, directory=args.dir,

@@ -13,20 +13,36 @@ the operations of many threads into one commit is what makes durable operations 
 
 A unit whose operations fail to apply, or a commit that fails for a reason other than a
 write conflict, is retried alone so that one bad unit cannot fail its neighbours.  Write
-conflicts (another writer, such as an application's own connection, changed the same
-objects) are retried on a fresh snapshot: the operations are logical and re-apply cleanly.
+conflicts (another writer, such as an application's own connection or another process
+through a server, changed the same objects) are retried on a fresh snapshot: the operations
+are logical and re-apply cleanly.  A unit the store refuses (ackqueue.errors.Refused: a
+claim of a message another process took, a late ack) writes nothing and fails alone while
+the rest of its group commits.
+
+Through a server, a commit cut off by a lost connection is retried once the client has
+reconnected (ZEO reconnects by itself).  Its first attempt may have committed, so units
+that ran into that are marked ``uncertain`` for their owners to interpret.
 """
+import collections
 import logging
+import random
 import threading
+import time
 
 import transaction
+from ZEO.Exceptions import ClientDisconnected
 from ZODB.POSException import ConflictError
+
+from .errors import Refused, ServerUnavailable
+from .store import apply_unit
 
 __all__ = ["Committer", "Ticket", "CommitterClosed"]
 
 log = logging.getLogger(__name__)
 
-CONFLICT_RETRIES = 20
+CONFLICT_RETRIES = 60
+CONFLICT_BACKOFF = 0.02     # at most this long (random, growing) between conflict retries
+DISCONNECT_RETRIES = 3      # each waits up to the client storage's wait_timeout
 
 
 class CommitterClosed(RuntimeError):
@@ -40,18 +56,18 @@ class Ticket:
     known, before waiters are released; ``wait()`` returns after a durable commit or raises
     the error that prevented it."""
 
-    __slots__ = ("ops", "on_commit", "on_fail", "error", "_done")
+    __slots__ = ("ops", "on_commit", "on_fail", "error", "uncertain", "_done")
 
     def __init__(self, ops, on_commit=None, on_fail=None):
         self.ops = ops
         self.on_commit = on_commit
         self.on_fail = on_fail
         self.error = None
+        self.uncertain = False    # an earlier attempt was cut off by a lost connection
         self._done = threading.Event()
 
     def apply(self, root):
-        for op in self.ops:
-            op.apply(root)
+        apply_unit(root, self.ops)
 
     def wait(self, timeout=None):
         if not self._done.wait(timeout):
@@ -83,6 +99,8 @@ class Committer:
         self.commits = 0          # how many ZODB commits were made
         self.units = 0            # how many units they carried
         self.conflicts = 0        # how many commits had to be retried after a conflict
+        self.refused = 0          # how many units the store refused (see Refused)
+        self.conflicts_by_class = collections.Counter()   # which objects conflicted
         self._thread = threading.Thread(target=self._run, name=f"{description}-committer",
                                         daemon=True)
         self._thread.start()
@@ -124,10 +142,10 @@ class Committer:
                 log.exception("ackqueue: closing the committer's connection failed")
 
     def _commit_group(self, conn, tm, batch):
-        error = self._try_commit(conn, tm, batch)
+        error, refused = self._try_commit(conn, tm, batch)
         if error is None:
             for ticket in batch:
-                ticket._settle(None)
+                ticket._settle(refused.get(ticket))
             return
         if len(batch) == 1:
             batch[0]._settle(error)
@@ -135,26 +153,49 @@ class Committer:
         # Something failed that was not a conflict: find the unit(s) at fault by committing
         # each alone, so the others still go through.
         for ticket in batch:
-            ticket._settle(self._try_commit(conn, tm, [ticket]))
+            error, refused = self._try_commit(conn, tm, [ticket])
+            ticket._settle(error or refused.get(ticket))
 
     def _try_commit(self, conn, tm, batch):
-        """Apply and commit batch; return None on success or the error."""
-        for attempt in range(CONFLICT_RETRIES):
+        """Apply and commit batch; return (None or the error, {ticket: Refused})."""
+        error, disconnects = None, 0
+        for attempt in range(CONFLICT_RETRIES + DISCONNECT_RETRIES):
+            refused = {}
             tm.begin()
             try:
                 root = conn.root()
                 for ticket in batch:
-                    ticket.apply(root)
+                    try:
+                        ticket.apply(root)
+                    except Refused as exc:
+                        refused[ticket] = exc
                 tm.commit()
             except ConflictError as exc:
                 tm.abort()
                 self.conflicts += 1
+                self.conflicts_by_class[exc.class_name or "?"] += 1
                 error = exc
+                if attempt - disconnects >= CONFLICT_RETRIES - 1:
+                    break
+                # Writers that collided would collide again if they retried in step.
+                time.sleep(random.uniform(0, min(CONFLICT_BACKOFF, 0.001 * 2 ** attempt)))
+                continue
+            except ClientDisconnected as exc:
+                tm.abort()
+                for ticket in batch:
+                    ticket.uncertain = True
+                disconnects += 1
+                error = ServerUnavailable(
+                    f"the connection to the queue server was lost while committing ({exc}); "
+                    "the operation may or may not have been committed")
+                if disconnects >= DISCONNECT_RETRIES:
+                    break
                 continue
             except Exception as exc:
                 tm.abort()
-                return exc
+                return exc, {}
             self.commits += 1
-            self.units += len(batch)
-            return None
-        return error
+            self.units += len(batch) - len(refused)
+            self.refused += len(refused)
+            return None, refused
+        return error, {}

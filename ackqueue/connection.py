@@ -79,9 +79,8 @@ class TransactionBlock:
         self.finished = False
 
     def ops(self):
-        name = self.conn._state.name
-        return ([store.Ack(name, h.seq, h.skey) for h in self.got + self.acks]
-                + self.put_ops)
+        state = self.conn._state
+        return [state.ack_op(h) for h in self.got + self.acks] + self.put_ops
 
     def holdings(self):
         return self.got + self.acks
@@ -147,9 +146,7 @@ class _AppTransactionBlock(TransactionBlock):
                 break
         if target is None:
             target = self.conn._app_connection()
-        root = target.root()
-        for op in self.ops():
-            op.apply(root)
+        store.apply_unit(target.root(), self.ops())
 
     def _after_commit(self, status):
         if self.finished:
@@ -276,10 +273,9 @@ class QueueConnection:
         now = state.clock()
         ops, entries = [], []
         for seq, (item, body) in zip(seqs, pairs):
-            skey = store.store_key(state.kind, store.DEFAULT_PRIORITY, seq)
-            meta = Meta(body, store.DEFAULT_PRIORITY, now)
-            ops.append(store.Put(state.name, seq, skey, body, store.DEFAULT_PRIORITY, now))
-            entries.append((seq, state.memory_key(skey, item), meta, None))
+            op, entry = state.new_message(seq, item, body, now)
+            ops.append(op)
+            entries.append(entry)
         txn = self._transaction_block()
         if txn is not None:
             txn.put_ops.extend(ops)

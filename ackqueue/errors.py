@@ -4,7 +4,8 @@ import queue as _stdlib_queue
 
 __all__ = [
     "AckQueueError", "ShutDown", "StaleAck", "NotHeld", "UnpicklableItem",
-    "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
+    "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch", "ServerUnavailable",
+    "Refused",
 ]
 
 
@@ -19,14 +20,21 @@ if ShutDown is None:  # pragma: no cover - depends on the running Python
         """Raised by put() and get() on a queue that was shut down (Python 3.13's queue.ShutDown)."""
 
 
+class Refused(AckQueueError):
+    """A store operation found the store other than it expected (a message already claimed,
+    acknowledged or given back by another process) and wrote nothing."""
+
+
 class NotHeld(AckQueueError, ValueError):
     """ack()/nack() of something the caller does not hold: never got, already acked, or not an item."""
 
 
-class StaleAck(NotHeld):
+class StaleAck(NotHeld, Refused):
     """A late ack or nack: the delivery it refers to was given back (its visibility deadline passed,
     its thread ended, or its process died) and the message may be held by someone else now.
     The message is left untouched: a late ack must never remove it from its new holder."""
+
+    reason = None   # set by a shared queue's store: "acked", "given_back" or "redelivered"
 
 
 class UnpicklableItem(TypeError, pickle.PicklingError):
@@ -47,3 +55,8 @@ class NotAQueueFile(StorageError):
 
 class QueueKindMismatch(StorageError, ValueError):
     """The named queue exists with another ordering (FIFO, LIFO or priority) than the one asked for."""
+
+
+class ServerUnavailable(StorageError):
+    """The queue server could not be reached, or the connection to it was lost while an
+    operation was being committed (its outcome may then be unknown: see the message)."""

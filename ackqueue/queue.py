@@ -26,7 +26,6 @@ import weakref
 from . import store
 from .connection import QueueConnection, check_visibility
 from .errors import NotHeld, QueueKindMismatch
-from .state import QueueState
 from .storage import open_database
 
 __all__ = ["AckQueue", "AckLifoQueue", "AckPriorityQueue"]
@@ -73,8 +72,7 @@ class AckQueue(_stdlib_queue.Queue):
         self._database = open_database(path, db)
         try:
             kind, clock = self._kind, clock or time.time
-            self._state = self._database.state(
-                name, lambda: QueueState(self._database, name, kind, clock))
+            self._state = self._database.state(name, kind, clock)
             if self._state.kind != kind:
                 raise QueueKindMismatch(
                     f"queue {name!r} is open in this process as "

@@ -195,10 +195,7 @@ class QueueState:
                 try:
                     with tm:
                         rec = store.ensure_queue(conn.root(), self.name, self.kind)
-                        if rec.kind != self.kind:
-                            raise QueueKindMismatch(
-                                f"queue {self.name!r} in {self.database.description} is "
-                                f"{store.KIND_NAMES[rec.kind]}; open it with that class")
+                        self._check_kind(rec)
                         if self.database.exclusive:
                             self.recovered = rec.recover_inflight()
                     break
@@ -219,6 +216,12 @@ class QueueState:
             tm.abort()
         finally:
             conn.close()
+
+    def _check_kind(self, rec):
+        if rec.kind != self.kind:
+            raise QueueKindMismatch(
+                f"queue {self.name!r} in {self.database.description} is "
+                f"{store.KIND_NAMES[rec.kind]}; open it with that class")
 
     def _memory_key_from_store(self, rec, seq):
         if self.kind == store.VALUE:
@@ -252,30 +255,48 @@ class QueueState:
     def reserve_put(self, front, count, block, timeout):
         """Wait for room for count messages (queue.Queue's rules) and return their seqs."""
         with self.not_full:
-            if front.is_shutdown:
-                raise ShutDown
-            if front.maxsize > 0:
-                if not block:
-                    if self.size_for_maxsize() + count > front.maxsize:
-                        raise Full
-                elif timeout is None:
-                    while self.size_for_maxsize() + count > front.maxsize:
-                        self.not_full.wait()
-                        if front.is_shutdown:
-                            raise ShutDown
-                else:
-                    endtime = monotonic() + timeout
-                    while self.size_for_maxsize() + count > front.maxsize:
-                        remaining = endtime - monotonic()
-                        if remaining <= 0.0:
-                            raise Full
-                        self.not_full.wait(remaining)
-                        if front.is_shutdown:
-                            raise ShutDown
-            first = self.next_seq
-            self.next_seq += count
+            self._wait_for_room(front, count, block, timeout)
             self.pending_puts += count
-            return list(range(first, first + count))
+            return self._reserve_seqs(count)
+
+    def _wait_for_room(self, front, count, block, timeout):
+        if front.is_shutdown:
+            raise ShutDown
+        if front.maxsize <= 0:
+            return
+        if not block:
+            if self.size_for_maxsize() + count > front.maxsize:
+                raise Full
+        elif timeout is None:
+            while self.size_for_maxsize() + count > front.maxsize:
+                self.not_full.wait()
+                if front.is_shutdown:
+                    raise ShutDown
+        else:
+            endtime = monotonic() + timeout
+            while self.size_for_maxsize() + count > front.maxsize:
+                remaining = endtime - monotonic()
+                if remaining <= 0.0:
+                    raise Full
+                self.not_full.wait(remaining)
+                if front.is_shutdown:
+                    raise ShutDown
+
+    def _reserve_seqs(self, count):
+        first = self.next_seq
+        self.next_seq += count
+        return list(range(first, first + count))
+
+    def new_message(self, seq, item, body, now):
+        """The store operation that puts a message, and what makes it visible once durable."""
+        skey = store.store_key(self.kind, store.DEFAULT_PRIORITY, seq)
+        meta = Meta(body, store.DEFAULT_PRIORITY, now)
+        op = store.Put(self.name, seq, skey, body, store.DEFAULT_PRIORITY, now)
+        return op, (seq, self.memory_key(skey, item), meta, None)
+
+    def ack_op(self, h):
+        """The store operation that acknowledges delivery h."""
+        return store.Ack(self.name, h.seq, h.skey)
 
     def unreserve(self, count):
         """Reserved room that will not be used (a failed put, a rolled-back transaction)."""
@@ -435,7 +456,7 @@ class QueueState:
         self.begin_settle(holdings)
         try:
             ticket = self.committer.submit(
-                [store.Ack(self.name, h.seq, h.skey) for h in holdings],
+                [self.ack_op(h) for h in holdings],
                 on_commit=lambda: self.settled(holdings),
                 on_fail=lambda error: self.cancel_settle(holdings))
         except BaseException:
@@ -546,10 +567,13 @@ class QueueState:
         with self.mutex:
             while not self.stopped:
                 try:
-                    self._expire()
+                    self._reap_pass()
                 except Exception:  # pragma: no cover - keep reaping whatever happens
                     log.exception("ackqueue: reaper pass failed")
                 self.reaper_wake.wait(self._next_wake())
+
+    def _reap_pass(self):
+        self._expire()
 
     def stop(self):
         with self.mutex:

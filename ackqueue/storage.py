@@ -1,25 +1,41 @@
-"""Opening the storage under a queue: in memory, a FileStorage file, or an application's DB.
+"""Opening the storage under a queue: in memory, a FileStorage file, a queue server
+(zeo://HOST:PORT), or an application's DB.
 
-A process opens each file once.  Every AckQueue on the same file (any name) shares one
-Database handle: one ZODB.DB, one Committer, and one live QueueState per queue name, so two
-queue objects for the same queue in one process behave as one queue.  The handle is
+A process opens each file or server once.  Every AckQueue on the same file (any name)
+shares one Database handle: one ZODB.DB, one Committer, and one live state per queue name,
+so two queue objects for the same queue in one process behave as one queue.  The handle is
 reference counted and closed (writing FileStorage's .index, which makes the next open fast)
 when its last queue closes, or at interpreter exit.
+
+A storage this process holds alone (a file, memory) is *exclusive*: queues keep their state
+in memory (ackqueue.state).  A server's storage is *shared* with other processes: queues
+read the store (ackqueue.shared), the process holds a lease (ackqueue.lease), and the
+server's invalidations wake waiting getters here (through a small subclass of ZEO's
+ClientStorage that reports them).
 """
 import atexit
+import logging
 import os
+import queue as _queue
 import threading
+from urllib.parse import parse_qs, urlsplit
 
 import ZODB
 import zc.lockfile
+from ZEO.ClientStorage import ClientStorage
+from ZEO.Exceptions import ClientDisconnected
 from ZODB.FileStorage import FileStorage
 from ZODB.FileStorage.FileStorage import FileStorageFormatError
 from ZODB.MappingStorage import MappingStorage
+from ZODB.POSException import ConflictError
 
 from .commit import Committer
-from .errors import NotAQueueFile, QueueLocked, StorageError
+from .errors import NotAQueueFile, QueueLocked, ServerUnavailable
+from .lease import DEFAULT_LEASE_TIMEOUT, LeaseKeeper
 
-__all__ = ["Database", "open_database"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Database", "open_database", "open_file_storage", "parse_zeo_url"]
 
 _registry = {}                    # key -> Database
 _registry_lock = threading.Lock()
@@ -28,7 +44,8 @@ _registry_lock = threading.Lock()
 class Database:
     """A ZODB database as ackqueue uses it: the DB, its committer, and live queue states."""
 
-    def __init__(self, db, *, key, owned, exclusive, description):
+    def __init__(self, db, *, key, owned, exclusive, description,
+                 lease_timeout=DEFAULT_LEASE_TIMEOUT):
         self.db = db
         self.key = key
         self.owned = owned            # we opened it, so we close it
@@ -39,17 +56,66 @@ class Database:
         self.lock = threading.Lock()  # guards states and refs
         self.refs = 0
         self.closed = False
+        self.lease = None
+        self._watched = {}            # oid -> shared state woken when that object changes
+        self._changes = None
+        if not exclusive:
+            try:
+                self.lease = LeaseKeeper(self, lease_timeout)
+            except BaseException:
+                self.committer.close()
+                raise
+            self._changes = _queue.SimpleQueue()
+            threading.Thread(target=self._dispatch_changes, daemon=True,
+                             name="ackqueue-wakeups").start()
 
     def __repr__(self):
         return f"<ackqueue Database {self.description}>"
 
-    def state(self, name, factory):
-        """The live state of queue name, made by factory() on first use."""
+    @property
+    def lease_id(self):
+        return self.lease.lease_id
+
+    def state(self, name, kind, clock):
+        """The live state of queue name, made on first use."""
+        from .shared import SharedQueueState
+        from .state import QueueState
         with self.lock:
             state = self.states.get(name)
             if state is None:
-                state = self.states[name] = factory()
+                cls = QueueState if self.exclusive else SharedQueueState
+                state = self.states[name] = cls(self, name, kind, clock)
             return state
+
+    def shared_states(self):
+        with self.lock:
+            return [s for s in self.states.values() if not self.exclusive]
+
+    # -- wake-ups from the server's invalidations ----------------------------------------
+
+    def watch(self, oid, state):
+        """Wake state's waiters whenever the object oid changes in another process."""
+        self._watched[oid] = state
+
+    def changed(self, oids):
+        """Called by the client storage's I/O thread: must not block, so just hand over."""
+        if self._changes is not None:
+            self._changes.put(oids)
+
+    def _dispatch_changes(self):
+        while True:
+            oids = self._changes.get()
+            if oids is _STOP:
+                return
+            if oids is None:                  # the client's cache was dropped: look again
+                targets = set(self._watched.values())
+            else:
+                targets = {self._watched[o] for o in oids if o in self._watched}
+            for state in targets:
+                try:
+                    state.store_changed()
+                except Exception:  # pragma: no cover - a wake-up must not kill the thread
+                    log.exception("ackqueue: wake-up failed")
 
     def _release(self):
         with self.lock:
@@ -63,12 +129,81 @@ class Database:
                 del _registry[self.key]
         for state in states:
             state.stop()
+        if self.lease is not None:
+            self.lease.close()
+            self._changes.put(_STOP)
         self.committer.close()
         if self.owned:
             self.db.close()
 
 
+_STOP = object()
+
+
+class _NotifyingClientStorage(ClientStorage):
+    """ZEO's ClientStorage, telling ackqueue which objects other processes changed."""
+
+    ackqueue_database = None
+
+    def invalidateTransaction(self, tid, oids):
+        super().invalidateTransaction(tid, oids)
+        if self.ackqueue_database is not None:
+            self.ackqueue_database.changed(set(oids))
+
+    def invalidateCache(self):
+        super().invalidateCache()
+        if self.ackqueue_database is not None:
+            self.ackqueue_database.changed(None)
+
+
+def parse_zeo_url(url):
+    """zeo://HOST:PORT[?wait_timeout=S&lease_timeout=S] -> ((host, port), options)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "zeo" or not parts.hostname or port is None or parts.path not in ("", "/"):
+        raise ValueError(f"not a queue server address: {url!r} (expected zeo://HOST:PORT)")
+    options = {}
+    for name, values in parse_qs(parts.query, strict_parsing=False).items():
+        if name not in ("wait_timeout", "lease_timeout"):
+            raise ValueError(f"unknown option {name!r} in {url!r} "
+                             "(known: wait_timeout, lease_timeout)")
+        try:
+            options[name] = float(values[-1])
+        except ValueError:
+            raise ValueError(f"option {name} in {url!r} must be a number of seconds") from None
+        if options[name] <= 0:
+            raise ValueError(f"option {name} in {url!r} must be positive")
+    return (parts.hostname, port), options
+
+
+def _open_zeo(url):
+    addr, options = parse_zeo_url(url)
+    wait = options.get("wait_timeout", 30.0)
+    for attempt in range(10):
+        try:
+            storage = _NotifyingClientStorage(addr, wait_timeout=wait)
+        except ClientDisconnected:
+            raise ServerUnavailable(
+                f"cannot reach the queue server at {url} within {wait:g} s: is it running "
+                f"(ackqueue server PATH --listen {addr[0]}:{addr[1]})?") from None
+        try:
+            return ZODB.DB(storage, pool_size=64, cache_size=20000), options
+        except ConflictError:
+            # Processes that open a brand-new storage at once race to create its root.
+            storage.close()
+            if attempt == 9:
+                raise
+
+
 def _open_file(path):
+    return ZODB.DB(open_file_storage(path), pool_size=64, cache_size=20000)
+
+
+def open_file_storage(path):
+    """A FileStorage for path, with clear errors (also used by ackqueue server)."""
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
         raise FileNotFoundError(
@@ -92,7 +227,7 @@ def _open_file(path):
     except PermissionError as exc:
         raise PermissionError(exc.errno, f"cannot open queue file {path!r}: {exc.strerror}",
                               path) from None
-    return ZODB.DB(storage, pool_size=64, cache_size=20000)
+    return storage
 
 
 def _lock_holder(path):
@@ -134,8 +269,22 @@ def open_database(path=None, db=None):
             raise TypeError(f"path= must be a str or os.PathLike, not {type(path).__name__}")
         path = os.fspath(path)
         if path.startswith("zeo://"):
-            raise StorageError("zeo:// queues (shared through a server) are not available "
-                               "in this version yet")
+            addr, _ = parse_zeo_url(path)
+            key = ("zeo", addr)
+
+            def make():
+                db, options = _open_zeo(path)
+                try:
+                    handle = Database(db, key=key, owned=True, exclusive=False,
+                                      description=f"server {path}",
+                                      lease_timeout=options.get("lease_timeout",
+                                                                DEFAULT_LEASE_TIMEOUT))
+                except BaseException:
+                    db.close()
+                    raise
+                db.storage.ackqueue_database = handle
+                return handle
+            return _shared_handle(key, make)
         path = os.path.realpath(path)
         key = ("file", path)
         make = lambda: Database(_open_file(path), key=key, owned=True,  # noqa: E731
@@ -145,6 +294,10 @@ def open_database(path=None, db=None):
                           description="memory")
         handle.refs = 1
         return handle
+    return _shared_handle(key, make)
+
+
+def _shared_handle(key, make):
     with _registry_lock:
         handle = _registry.get(key)
         if handle is None or handle.closed:

@@ -5,42 +5,63 @@ Layout, under the database root::
     root["ackqueue"]            Catalog
       .queues[name]             QueueRecord (one per named queue)
         .messages[seq]          MessageRecord: the pickled item and its delivery history
-        .ready                  LLTreeSet of store keys: what can be delivered, in delivery order
-        .inflight[seq]          deadline (a time.time() float, or 0.0 for none) of what is out
+        .ready                  set of store keys: what can be delivered, in delivery order
+        .inflight[seq]          what is out: its deadline (a time.time() float, 0.0 for none)
+        .leased[lease id][seq]  the same, for messages claimed through a server: one index per
+                                process, so that consumers in different processes never
+                                write the same in-flight bucket
         .delayed[seq]           time at which a given-back or delayed message becomes ready
         .next_seq               SeqCounter: the next sequence number (never reused)
         .counts                 Counters: ready/inflight/delayed sizes and lifetime totals
+      .leases[lease id]         LeaseRecord: one per process using the storage through a server
 
 Why this shape:
 - Each message is its own persistent record, written once by put: a commit writes the new
   record plus a few small index buckets, never the bodies of its neighbours.
-- The indexes hold integers only (LOBTree/LLTreeSet buckets, small and C-fast) and BTrees
-  resolve concurrent changes to different keys of one bucket, so writers that touch
-  different messages (the committer, an application's own connection, later other processes
-  through ZEO) do not conflict.  Sizes and totals live in Counters, which resolves
+- messages and ready are SegmentedIndexes (ackqueue.segments): runs of 64 neighbouring
+  messages per persistent segment, whose conflict resolution merges concurrent changes to
+  different messages, including at the head of the queue, where BTree buckets refuse to
+  merge ("Delete of first key").  So writers that touch different messages (the committer,
+  an application's own connection, other processes through a server) do not conflict,
+  and two claims of one message do.  The other indexes are small BTrees of integers.  Sizes and totals live in Counters, which resolves
   conflicts by adding deltas (like BTrees.Length); SeqCounter resolves by taking the larger.
 - A store key orders the ready set: priority first (higher first), then the sequence number
   (FIFO) or its complement (LIFO).  Priority queues ordered by item value use the sequence
   number as store key and order by value in memory (see ackqueue.state).
 
-Operations (Put, Claim, Release, Ack) are small picklable-free value objects with one method,
-``apply(catalog)``.  They are written so that applying them is tolerant: an ack of a message
-whose claim has not been applied yet, or a claim of a message already acknowledged, does the
-right thing.  That lets the same operations be applied by the committer (ackqueue.commit) or
-by an application's own connection inside its transaction (ackqueue.connection).
+Operations (Put, Claim, Release, Ack, ...) are small value objects with two methods,
+``check(root)`` and ``apply(root)``; ``apply_unit`` runs every check of a unit before any
+apply, so a refused unit writes nothing.  Two flavours:
+
+- In a storage this process holds alone, the process's memory decides (ackqueue.state) and
+  operations are tolerant: an ack of a message whose claim has not been applied yet, or a
+  claim of a message already acknowledged, does the right thing.
+- Through a server (ackqueue.shared), the store decides: a Claim names its lease and is
+  refused (ClaimLost) unless the message is still ready; Ack and Release name the receive
+  count of their delivery and are refused (StaleAck) unless it is still the live one; Put
+  takes its sequence number from the store at commit.
+
+Either can be applied by the committer (ackqueue.commit) or by an application's own
+connection inside its transaction (ackqueue.connection).
 """
 import time
 
-from BTrees.LLBTree import LLTreeSet
 from BTrees.LOBTree import LOBTree
 from BTrees.OOBTree import OOBTree
 from persistent import Persistent
+from ZODB.POSException import ConflictError
+
+from .segments import SegmentedIndex
+
+from .errors import Refused, StaleAck
 
 __all__ = [
     "ROOT_KEY", "FORMAT", "KINDS", "PRIORITY_MAX", "DEFAULT_PRIORITY",
     "store_key", "seq_of_key", "Catalog", "QueueRecord", "MessageRecord",
-    "Counters", "SeqCounter", "Put", "Claim", "Release", "Ack",
-    "ensure_queue",
+    "Counters", "SeqCounter", "LeaseRecord", "Put", "Claim", "Release", "Ack", "Promote",
+    "Compact", "needs_compaction",
+    "RegisterLease", "Beat", "DropLease", "ExpireLease", "ClaimLost", "LeaseLost",
+    "ensure_queue", "ensure_leases", "apply_unit",
 ]
 
 ROOT_KEY = "ackqueue"
@@ -103,23 +124,44 @@ class Counters(Persistent):
 
 
 class SeqCounter(Persistent):
-    """The next sequence number of a queue; concurrent advances resolve to the larger value."""
+    """The next sequence number of a queue.
+
+    Two ways to move it: advance_past(seq), for a process that numbers messages itself
+    (it holds the storage alone), and take(n), which hands out numbers from the store (under
+    a server, where several processes put).  Concurrent advances resolve to the larger
+    value; concurrent takes must not (both would hand out the same numbers), so a conflict
+    between two takes stays a conflict and one of the commits is retried."""
 
     def __init__(self, value=1):
         self.value = value
+        self.taken = 0            # how many take() calls: tells a take from an advance
 
     def advance_past(self, seq):
         if seq >= self.value:
             self.value = seq + 1
 
+    def take(self, count=1):
+        first = self.value
+        self.value = first + count
+        self.taken += 1
+        return first
+
     def __getstate__(self):
-        return self.value
+        return {"value": self.value, "taken": self.taken}
 
     def __setstate__(self, state):
-        self.value = state
+        if isinstance(state, int):          # written by an earlier version
+            state = {"value": state, "taken": 0}
+        self.value = state["value"]
+        self.taken = state.get("taken", 0)
 
     def _p_resolveConflict(self, old, committed, new):
-        return max(committed, new)
+        old, committed, new = (s if isinstance(s, dict) else {"value": s, "taken": 0}
+                               for s in (old, committed, new))
+        if committed["taken"] != old["taken"] and new["taken"] != old["taken"]:
+            raise ConflictError("two commits took sequence numbers at once")
+        return {"value": max(committed["value"], new["value"]),
+                "taken": max(committed["taken"], new["taken"])}
 
 
 class MessageRecord(Persistent):
@@ -134,9 +176,13 @@ class MessageRecord(Persistent):
         self.first_received = None
         self.last_received = None
 
+    holder = None                         # the lease holding it in flight (shared queues)
+
 
 class QueueRecord(Persistent):
     """One named queue: its messages, the indexes of where each one is, and its counters."""
+
+    leased = None       # OOBTree lease id -> LOBTree, made by the first claim through a server
 
     def __init__(self, name, kind):
         if kind not in KINDS:
@@ -144,8 +190,8 @@ class QueueRecord(Persistent):
         self.name = name
         self.kind = kind
         self.created = time.time()
-        self.messages = LOBTree()
-        self.ready = LLTreeSet()
+        self.messages = SegmentedIndex()
+        self.ready = SegmentedIndex()
         self.inflight = LOBTree()
         self.delayed = LOBTree()
         self.next_seq = SeqCounter()
@@ -161,6 +207,12 @@ class QueueRecord(Persistent):
             self.ready.remove(key)
             self.counts.add(ready=-1)
             return "ready"
+        msg = self.messages.get(seq)
+        if msg is not None and msg.holder is not None:
+            del self.leased[msg.holder][seq]
+            msg.holder = None
+            self.counts.add(inflight=-1)
+            return "inflight"
         if seq in self.inflight:
             del self.inflight[seq]
             self.counts.add(inflight=-1)
@@ -180,6 +232,46 @@ class QueueRecord(Persistent):
             self.ready.add(key)
             self.counts.add(ready=1)
 
+    def deliver(self, seq, deadline, lease, at):
+        """Move a ready message in flight (claimed through a server) and count the receive."""
+        msg = self.messages[seq]
+        self.detach(seq, store_key(self.kind, msg.priority, seq))
+        leased = self.leased_by(lease, create=True)
+        leased[seq] = float(deadline or 0.0)
+        msg.holder = lease
+        self.counts.add(inflight=1)
+        msg.receive_count += 1
+        if msg.first_received is None:
+            msg.first_received = at
+        msg.last_received = at
+        if msg.receive_count > 1:
+            self.counts.add(redelivered=1)
+        return msg
+
+    def leased_by(self, lease, create=False):
+        """The in-flight index (seq -> deadline or 0.0) of one lease, or None."""
+        by_lease = self.leased
+        if by_lease is None:
+            if not create:
+                return None
+            by_lease = self.leased = OOBTree()
+        tree = by_lease.get(lease)
+        if tree is None and create:
+            tree = by_lease[lease] = LOBTree()
+        return tree
+
+    def leased_items(self):
+        """(lease id, seq, deadline or None) of everything in flight under a lease."""
+        for lease, tree in list((self.leased or {}).items()):
+            for seq, deadline in list(tree.items()):
+                yield lease, seq, (deadline or None)
+
+    def give_back(self, seq, visible_at=None, **counts):
+        """Return an in-flight message to its place (or to the delayed index)."""
+        self.detach(seq, self.key_of(seq))
+        self.make_ready(seq, self.key_of(seq), visible_at)
+        self.counts.add(given_back=1, **counts)
+
     def recover_inflight(self):
         """Give back every message in flight (the process that held them is gone).
 
@@ -196,12 +288,29 @@ class QueueRecord(Persistent):
         return len(seqs)
 
 
+class LeaseRecord(Persistent):
+    """A process that uses the storage through a server; alive while its beat advances.
+
+    Liveness is judged by other processes from the beat alone (did it change within the
+    lease timeout, on their own monotonic clock), never by comparing machines' clocks."""
+
+    def __init__(self, lease_id, timeout, pid, host, started):
+        self.lease_id = lease_id
+        self.timeout = timeout
+        self.pid = pid
+        self.host = host
+        self.started = started
+        self.beat = 0
+
+
 class Catalog(Persistent):
-    """The root of ackqueue's data: named queues in one storage."""
+    """The root of ackqueue's data: named queues in one storage, and the leases of the
+    processes that share it through a server."""
 
     def __init__(self):
         self.format = FORMAT
         self.queues = OOBTree()
+        self.leases = OOBTree()
 
 
 def ensure_queue(root, name, kind):
@@ -215,38 +324,97 @@ def ensure_queue(root, name, kind):
     return record
 
 
+def ensure_leases(root):
+    """The catalog's lease table, created if missing (catalogs older than leases)."""
+    catalog = root.get(ROOT_KEY)
+    if catalog is None:
+        catalog = root[ROOT_KEY] = Catalog()
+    leases = getattr(catalog, "leases", None)
+    if leases is None:
+        leases = catalog.leases = OOBTree()
+    return leases
+
+
 def _queue(root, name):
     return root[ROOT_KEY].queues[name]
 
 
-class Put:
-    """A new message, ready at once or at visible_at."""
+def apply_unit(root, ops):
+    """Apply the operations of one unit: every check first, so a refused unit writes nothing."""
+    for op in ops:
+        op.check(root)
+    for op in ops:
+        op.apply(root)
 
-    __slots__ = ("name", "seq", "key", "body", "priority", "sent_at", "visible_at")
+
+class ClaimLost(Refused):
+    """The message was no longer ready when the claim was committed (another process took it)."""
+
+
+class LeaseLost(Refused):
+    """This process's lease was expired by others: what it held has been given back."""
+
+
+class _Op:
+    __slots__ = ()
+
+    def check(self, root):
+        """Raise Refused if this operation must not be applied (the default: always apply)."""
+
+
+class Put(_Op):
+    """A new message, ready at once or at visible_at.
+
+    With seq None the store numbers it at commit (shared queues); ``seq`` then holds the
+    number it was given once the unit committed."""
+
+    __slots__ = ("name", "seq", "key", "body", "priority", "sent_at", "visible_at", "numbered")
 
     def __init__(self, name, seq, key, body, priority, sent_at, visible_at=None):
         self.name, self.seq, self.key, self.body = name, seq, key, body
         self.priority, self.sent_at, self.visible_at = priority, sent_at, visible_at
+        self.numbered = seq is None
 
     def apply(self, root):
         rec = _queue(root, self.name)
+        if self.numbered:
+            self.seq = rec.next_seq.take()
+            self.key = store_key(rec.kind, self.priority, self.seq)
+        else:
+            rec.next_seq.advance_past(self.seq)
         rec.messages[self.seq] = MessageRecord(self.seq, self.body, self.priority, self.sent_at)
         rec.make_ready(self.seq, self.key, self.visible_at)
-        rec.next_seq.advance_past(self.seq)
         rec.counts.add(put=1)
 
 
-class Claim:
-    """A delivery: the message goes in flight, with its receive count and deadline."""
+class Claim(_Op):
+    """A delivery: the message goes in flight, with its receive count and deadline.
 
-    __slots__ = ("name", "seq", "key", "receive_count", "at", "deadline")
+    With a lease (shared queues) the claim is refused unless the message is still ready,
+    the store counts the receive, and ``result`` holds the MessageRecord once applied."""
 
-    def __init__(self, name, seq, key, receive_count, at, deadline):
+    __slots__ = ("name", "seq", "key", "receive_count", "at", "deadline", "lease", "result")
+
+    def __init__(self, name, seq, key, receive_count, at, deadline, lease=None):
         self.name, self.seq, self.key = name, seq, key
         self.receive_count, self.at, self.deadline = receive_count, at, deadline
+        self.lease = lease
+        self.result = None
+
+    def check(self, root):
+        if self.lease is None:
+            return
+        rec = _queue(root, self.name)
+        if self.key not in rec.ready or self.seq not in rec.messages:
+            raise ClaimLost(f"message {self.seq} of queue {self.name!r} is no longer ready")
 
     def apply(self, root):
         rec = _queue(root, self.name)
+        if self.lease is not None:
+            msg = rec.deliver(self.seq, self.deadline, self.lease, self.at)
+            self.result = (msg.body, msg.priority, msg.sent_at, msg.receive_count,
+                           msg.first_received, msg.last_received)
+            return
         msg = rec.messages.get(self.seq)
         if msg is None:          # acknowledged before this claim reached the store
             return
@@ -262,13 +430,42 @@ class Claim:
                 rec.counts.add(redelivered=1)
 
 
-class Release:
-    """A give-back: an in-flight message returns to its place, now or at visible_at."""
+def _check_delivery(root, name, seq, expect, what):
+    """Refuse (StaleAck) unless delivery number expect of message seq is still in flight."""
+    if expect is None:
+        return
+    rec = _queue(root, name)
+    msg = rec.messages.get(seq)
+    if msg is None:
+        reason, why = "acked", "it was acknowledged already"
+    elif msg.holder is None:
+        reason, why = "given_back", ("it was given back (its deadline passed or its holder's "
+                                     "lease expired)")
+    elif msg.receive_count != expect:
+        reason, why = "redelivered", (f"it was delivered again meanwhile (receive "
+                                      f"{msg.receive_count})")
+    else:
+        return
+    error = StaleAck(f"{what} of message {seq} of queue {name!r} (receive {expect}) was "
+                     f"refused: {why}. The message was left as it is")
+    error.reason = reason
+    raise error
 
-    __slots__ = ("name", "seq", "key", "visible_at")
 
-    def __init__(self, name, seq, key, visible_at=None):
+class Release(_Op):
+    """A give-back: an in-flight message returns to its place, now or at visible_at.
+
+    With expect (shared queues: the receive count of the delivery giving it back) it is
+    refused unless that delivery is still the live one."""
+
+    __slots__ = ("name", "seq", "key", "visible_at", "expect")
+
+    def __init__(self, name, seq, key, visible_at=None, expect=None):
         self.name, self.seq, self.key, self.visible_at = name, seq, key, visible_at
+        self.expect = expect
+
+    def check(self, root):
+        _check_delivery(root, self.name, self.seq, self.expect, "the give-back")
 
     def apply(self, root):
         rec = _queue(root, self.name)
@@ -279,13 +476,18 @@ class Release:
         rec.counts.add(given_back=1)
 
 
-class Ack:
-    """An acknowledgement: the message leaves the queue for good."""
+class Ack(_Op):
+    """An acknowledgement: the message leaves the queue for good.
 
-    __slots__ = ("name", "seq", "key")
+    With expect (shared queues) it is refused unless that delivery is still the live one."""
 
-    def __init__(self, name, seq, key):
-        self.name, self.seq, self.key = name, seq, key
+    __slots__ = ("name", "seq", "key", "expect")
+
+    def __init__(self, name, seq, key, expect=None):
+        self.name, self.seq, self.key, self.expect = name, seq, key, expect
+
+    def check(self, root):
+        _check_delivery(root, self.name, self.seq, self.expect, "the acknowledgement")
 
     def apply(self, root):
         rec = _queue(root, self.name)
@@ -294,3 +496,122 @@ class Ack:
         rec.detach(self.seq, self.key)
         del rec.messages[self.seq]
         rec.counts.add(acked=1)
+
+
+class Promote(_Op):
+    """A delayed message whose time has come becomes ready (shared queues' reapers)."""
+
+    __slots__ = ("name", "seq", "now")
+
+    def __init__(self, name, seq, now):
+        self.name, self.seq, self.now = name, seq, now
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        visible_at = rec.delayed.get(self.seq)
+        if visible_at is None or visible_at > self.now or self.seq not in rec.messages:
+            return
+        del rec.delayed[self.seq]
+        rec.ready.add(rec.key_of(self.seq))
+        rec.counts.add(delayed=-1, ready=1)
+
+
+class Compact(_Op):
+    """Drop index segments that concurrent merges left empty at the head of a queue."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        for index in (rec.ready, rec.messages):
+            if isinstance(index, SegmentedIndex):
+                index.compact()
+
+
+def needs_compaction(rec):
+    return any(isinstance(index, SegmentedIndex) and index.has_empty_head()
+               for index in (rec.ready, rec.messages))
+
+
+class RegisterLease(_Op):
+    """A process starts using the storage through a server."""
+
+    __slots__ = ("lease_id", "timeout", "pid", "host", "started")
+
+    def __init__(self, lease_id, timeout, pid, host, started):
+        self.lease_id, self.timeout = lease_id, timeout
+        self.pid, self.host, self.started = pid, host, started
+
+    def apply(self, root):
+        ensure_leases(root)[self.lease_id] = LeaseRecord(
+            self.lease_id, self.timeout, self.pid, self.host, self.started)
+
+
+class Beat(_Op):
+    """A lease's heartbeat; refused (LeaseLost) when others expired the lease meanwhile."""
+
+    __slots__ = ("lease_id",)
+
+    def __init__(self, lease_id):
+        self.lease_id = lease_id
+
+    def check(self, root):
+        if self.lease_id not in ensure_leases(root):
+            raise LeaseLost(f"lease {self.lease_id} was expired by another process")
+
+    def apply(self, root):
+        ensure_leases(root)[self.lease_id].beat += 1
+
+
+class DropLease(_Op):
+    """A process stops cleanly: its lease goes (what it held was given back before)."""
+
+    __slots__ = ("lease_id",)
+
+    def __init__(self, lease_id):
+        self.lease_id = lease_id
+
+    def apply(self, root):
+        leases = ensure_leases(root)
+        if self.lease_id in leases:
+            del leases[self.lease_id]
+        _give_back_unleased(root)
+
+
+def _give_back_unleased(root):
+    """Give back what is held without a deadline under a lease that no longer exists."""
+    leases = ensure_leases(root)
+    count = 0
+    for rec in root[ROOT_KEY].queues.values():
+        for lease, seq, deadline in rec.leased_items():
+            if lease not in leases and deadline is None:
+                rec.give_back(seq, recovered=1)
+                count += 1
+        for lease, tree in list((rec.leased or {}).items()):
+            if lease not in leases and not tree:
+                del rec.leased[lease]
+    return count
+
+
+class ExpireLease(_Op):
+    """Another process's lease stopped beating: drop it and give back what it held without
+    a visibility deadline (what has a deadline comes back at its deadline).  Refused if
+    the lease beat again since it was judged dead."""
+
+    __slots__ = ("lease_id", "beat", "given_back")
+
+    def __init__(self, lease_id, beat):
+        self.lease_id, self.beat = lease_id, beat
+        self.given_back = 0
+
+    def check(self, root):
+        lease = ensure_leases(root).get(self.lease_id)
+        if lease is None or lease.beat != self.beat:
+            raise Refused(f"lease {self.lease_id} is gone or alive")
+
+    def apply(self, root):
+        del ensure_leases(root)[self.lease_id]
+        self.given_back = _give_back_unleased(root)

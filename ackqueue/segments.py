@@ -1,0 +1,160 @@
+"""A persistent integer-keyed index whose concurrent changes merge: the queue's hot indexes.
+
+Why not a BTree: a queue takes messages from the head, so every claim and every ack
+removes the *first* key of the first bucket, and BTrees refuse to merge a concurrent change
+to a bucket whose first key was deleted ("Delete of first key").  Consumers in different
+processes would then conflict on every commit, and retry in step.
+
+A SegmentedIndex splits its keys into segments of 2**bits consecutive keys (keys are
+sequence numbers, or store keys that keep them in their low bits, so a segment is a run of
+neighbouring messages).  A segment is a small persistent dict whose _p_resolveConflict
+merges any two concurrent changes that add or remove *different* keys; two removals of the
+same key (two processes claiming one message) remain a conflict, which is what makes a
+claim exclusive.  The segments live in an LOBTree keyed by segment number, which changes
+only when a segment is created or emptied: once per 2**bits messages.
+
+Conflict resolution runs where the commit lands: in the process for a FileStorage, on the
+server under ZEO (which is why the server needs ackqueue importable).
+"""
+from BTrees.LOBTree import LOBTree
+from persistent import Persistent
+from ZODB.POSException import ConflictError
+
+__all__ = ["SegmentedIndex", "Segment"]
+
+_MISSING = object()
+
+
+class Segment(Persistent):
+    """Up to 2**bits entries key -> value (None for set members); merges disjoint changes."""
+
+    def __init__(self):
+        self.data = {}
+
+    def __getstate__(self):
+        return self.data
+
+    def __setstate__(self, state):
+        self.data = state
+
+    def _p_resolveConflict(self, old, committed, new):
+        # Entries are only ever added or removed (a key's value is written once), so two
+        # changes merge unless both removed, or both added, the same key.
+        committed_added = committed.keys() - old.keys()
+        committed_removed = old.keys() - committed.keys()
+        new_added = new.keys() - old.keys()
+        new_removed = old.keys() - new.keys()
+        if committed_removed & new_removed or committed_added & new_added:
+            raise ConflictError("both transactions added or removed the same queue entry")
+        merged = {k: v for k, v in committed.items() if k not in new_removed}
+        merged.update((k, new[k]) for k in new_added)
+        return merged
+
+
+class SegmentedIndex(Persistent):
+    """A sorted int -> value map (or int set, with add/remove) that merges concurrent
+    changes to different keys.  The subset of the BTree API the queue uses."""
+
+    def __init__(self, bits=6):
+        self.bits = bits
+        self.segments = LOBTree()
+
+    def _segment(self, key, create=False):
+        number = key >> self.bits
+        segment = self.segments.get(number)
+        if segment is None and create:
+            segment = self.segments[number] = Segment()
+        return segment
+
+    # -- mapping --------------------------------------------------------------------------
+
+    def get(self, key, default=None):
+        segment = self._segment(key)
+        if segment is None:
+            return default
+        return segment.data.get(key, default)
+
+    def __getitem__(self, key):
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key):
+        segment = self._segment(key)
+        return segment is not None and key in segment.data
+
+    def __setitem__(self, key, value):
+        segment = self._segment(key, create=True)
+        data = dict(segment.data)
+        data[key] = value
+        segment.data = data
+
+    def __delitem__(self, key):
+        segment = self._segment(key)
+        if segment is None or key not in segment.data:
+            raise KeyError(key)
+        data = dict(segment.data)
+        del data[key]
+        if data:
+            segment.data = data
+        else:
+            del self.segments[key >> self.bits]
+
+    # -- set ------------------------------------------------------------------------------
+
+    def add(self, key):
+        """Add key as a set member; True if it was not there."""
+        if key in self:
+            return False
+        self[key] = None
+        return True
+
+    def remove(self, key):
+        del self[key]
+
+    # -- ordered iteration ----------------------------------------------------------------
+
+    def keys(self, min=None):
+        start = None if min is None else min >> self.bits
+        for segment in self.segments.values(start):
+            for key in sorted(segment.data):
+                if min is None or key >= min:
+                    yield key
+
+    __iter__ = keys
+
+    def items(self):
+        for segment in self.segments.values():
+            data = segment.data
+            for key in sorted(data):
+                yield key, data[key]
+
+    def values(self):
+        for _, value in self.items():
+            yield value
+
+    def __len__(self):
+        """Counts every segment (not for hot paths: the queue keeps Counters for sizes)."""
+        return sum(len(segment.data) for segment in self.segments.values())
+
+    def __bool__(self):
+        return any(segment.data for segment in self.segments.values())
+
+    def compact(self, limit=100):
+        """Drop empty segments among the first limit (a merge can empty one without
+        anyone deleting it); returns how many were dropped."""
+        empty = []
+        for n, (number, segment) in enumerate(self.segments.items()):
+            if n >= limit:
+                break
+            if not segment.data:
+                empty.append(number)
+        for number in empty:
+            del self.segments[number]
+        return len(empty)
+
+    def has_empty_head(self):
+        for segment in self.segments.values():
+            return not segment.data
+        return False

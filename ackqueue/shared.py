@@ -1,0 +1,401 @@
+"""The live state of a queue that several processes share through a server (ZEO).
+
+A process that holds its storage alone decides everything in memory (ackqueue.state).  Here
+other processes put, claim and acknowledge too, so the store is the truth and this object
+only keeps what is this process's own: the deliveries its threads hold, their deadlines,
+the threads waiting.
+
+- put:    Put is committed; the store numbers the message at commit (sequence numbers are
+          taken from the store, so they grow in commit order across processes).
+- get:    a ready message is chosen from a fresh snapshot of the store's ready set and a
+          Claim naming this process's lease is committed, and waited for, before the item
+          is handed out.  Two processes that choose the same message conflict; the loser's
+          claim is retried by the committer, refused (ClaimLost), and it chooses again.
+          After a lost race a process spreads its choices over the first few ready
+          messages, so that consumers do not keep colliding at the head of the queue;
+          uncontended, it takes the head (FIFO).
+- ack, give-back: Ack and Release name the receive count of their delivery, and the store
+          refuses them (StaleAck) unless it is still the live one: a process that was paused
+          past its deadline or its lease cannot remove a message delivered again meanwhile.
+- wake-ups: the server's invalidations tell this process that a queue's counters changed
+          (ackqueue.storage); waiting getters and putters re-read the store then.
+- what other processes leave behind: the reaper scans the store about once a second, gives
+          back messages whose visibility deadline passed, and makes delayed messages ready.
+          Messages held without a deadline by a process that died come back when its lease
+          expires (ackqueue.lease).
+"""
+import heapq
+import pickle
+import random
+import time
+from bisect import insort
+from queue import Empty
+from time import monotonic
+
+import transaction
+from ZODB.POSException import ConflictError
+
+from . import store
+from .errors import ShutDown, StaleAck
+from .state import Holding, Meta, QueueState, _ValueOrder
+
+__all__ = ["SharedQueueState"]
+
+SCAN_INTERVAL = 1.0         # how often the store is scanned for others' expired deliveries
+WAIT_RECHECK = 1.0          # a waiting get looks at the store at least this often
+SPREAD_MAX = 32             # how many ready messages a contended claim may choose among
+
+
+class SharedQueueState(QueueState):
+    """One named queue shared through a server (see the module docstring)."""
+
+    def __init__(self, database, name, kind, clock=time.time):
+        self._claiming = set()      # seqs whose Claim this process is committing
+        self._spread = 1            # choose among this many ready messages (grows on lost races)
+        self.claims_lost = 0        # races lost to other processes (for benchmarks and tests)
+        self._by_value = []         # AckPriorityQueue: known live messages, in value order
+        self._known_seq = 0
+        self._gone = set()
+        self._seen_counts = None
+        self._next_scan = 0.0
+        self._next_promote = None   # when the earliest delayed message becomes ready
+        self._returning = 0         # give-backs and promotions this process is committing
+        self._rtm = transaction.TransactionManager()
+        self._rconn = database.db.open(transaction_manager=self._rtm)
+        super().__init__(database, name, kind, clock)
+        database.watch(self.watch_oid, self)
+
+    # -- opening and reading --------------------------------------------------------------
+
+    def _load(self):
+        for attempt in range(20):
+            try:
+                with self._rtm:
+                    root = self._rconn.root()
+                    rec = store.ensure_queue(root, self.name, self.kind)
+                    self._check_kind(rec)
+                    store.ensure_leases(root)
+                break
+            except ConflictError:
+                if attempt == 19:
+                    raise
+        self.watch_oid = self._record().counts._p_oid
+        self._rtm.abort()
+        self.ready = self.next_seq = None
+
+    def _record(self):
+        """The queue's record in a fresh snapshot (call with the mutex held)."""
+        self._rtm.begin()     # sees every transaction this client has heard of
+        return self._rconn.root()[store.ROOT_KEY].queues[self.name]
+
+    def _counts(self):
+        return self._record().counts
+
+    # -- sizes: the store's, shared by every process (call with the mutex held) ------------
+
+    def ready_count(self):
+        return self._counts().get("ready")
+
+    def unfinished(self):
+        counts = self._counts()
+        return counts.get("ready") + counts.get("delayed") + counts.get("inflight")
+
+    def size_for_maxsize(self):
+        counts = self._counts()
+        return counts.get("ready") + counts.get("delayed") + self.pending_puts
+
+    def _shut(self, front):
+        return front.is_shutdown and (front.shutdown_immediate or not self.ready_count())
+
+    # -- put ------------------------------------------------------------------------------
+
+    def _reserve_seqs(self, count):
+        return [None] * count           # the store numbers them at commit
+
+    def new_message(self, seq, item, body, now):
+        op = store.Put(self.name, None, None, body, store.DEFAULT_PRIORITY, now)
+        return op, None
+
+    def _puts_visible(self, entries):
+        self.pending_puts -= len(entries)
+        self.not_empty.notify(len(entries))
+
+    def check_orderable(self, items):
+        with self.mutex:
+            head = self._by_value[0] if self._by_value else None
+        for item in items:
+            try:
+                if head is not None:
+                    item < head[0]
+                item < item
+            except TypeError as exc:
+                raise TypeError(f"priority queue items must be orderable: {exc}") from None
+
+    # -- get ------------------------------------------------------------------------------
+
+    def claim(self, front, holder, block, timeout, visibility_timeout, load_meta,
+              record=True):
+        """Claim the next ready message for holder in the store, waiting as queue.Queue.get
+        does, and return its Holding.  The claim is durable before this returns."""
+        endtime = None if (timeout is None or not block) else monotonic() + timeout
+        while True:
+            with self.not_empty:
+                self._expire()
+                seq, skey = self._wait_for_candidate(front, block, endtime)
+                self._claiming.add(seq)
+            now = self.clock()
+            deadline = None if visibility_timeout is None else now + visibility_timeout
+            op = store.Claim(self.name, seq, skey, None, now, deadline,
+                             lease=self.database.lease_id)
+            try:
+                self.committer.submit([op]).wait()
+            except store.ClaimLost:
+                with self.mutex:
+                    self._claiming.discard(seq)
+                    self.claims_lost += 1
+                    self._spread = min(self._spread * 2, SPREAD_MAX)
+                continue
+            except BaseException:
+                with self.mutex:
+                    self._claiming.discard(seq)
+                raise
+            with self.mutex:
+                self._claiming.discard(seq)
+                self._spread = max(1, self._spread - 1)
+                meta = Meta(*op.result)
+                holding = Holding(seq, skey, skey, next(self.tokens), holder, deadline, meta)
+                self.inflight[seq] = holding
+                self.holders.setdefault(holder, {})[seq] = holding
+                if deadline is not None:
+                    heapq.heappush(self.deadlines, (deadline, holding.token, seq))
+                self.reaper_wake.notify()
+                self.not_full.notify()
+                return holding
+
+    def _wait_for_candidate(self, front, block, endtime):
+        while True:
+            if front.is_shutdown and front.shutdown_immediate:
+                raise ShutDown
+            if self._returning:
+                # Our own give-backs are being committed: a message given back here must be
+                # seen at its place by the next get here (read your writes).
+                self.not_empty.wait(WAIT_RECHECK)
+                continue
+            found = self._pick()
+            if found is not None:
+                return found
+            if front.is_shutdown:
+                raise ShutDown
+            if not block:
+                raise Empty
+            if endtime is None:
+                self.not_empty.wait(WAIT_RECHECK)
+            else:
+                remaining = endtime - monotonic()
+                if remaining <= 0.0:
+                    raise Empty
+                self.not_empty.wait(min(remaining, WAIT_RECHECK))
+            self._expire()
+
+    def _pick(self):
+        """(seq, store key) of a ready message nobody in this process is claiming, or None.
+        The first one, or after lost races one of the first few, chosen at random."""
+        rec = self._record()
+        choice = random.randrange(self._spread) if self._spread > 1 else 0
+        first = None
+        for n, (seq, skey) in enumerate(self._candidates(rec)):
+            if first is None:
+                first = (seq, skey)
+            if n >= choice:
+                return seq, skey
+        return first
+
+    def _candidates(self, rec):
+        """Ready messages in delivery order, skipping those this process is claiming."""
+        if self.kind != store.VALUE:
+            for skey in rec.ready:
+                seq = store.seq_of_key(self.kind, skey)
+                if seq not in self._claiming:
+                    yield seq, skey
+            return
+        # Priority by item value: the store keeps seqs; the order by value is kept here,
+        # learning new messages as they appear (seqs only grow) and forgetting gone ones.
+        if self._gone:
+            self._by_value = [k for k in self._by_value if k[1] not in self._gone]
+            self._gone.clear()
+        for seq in rec.messages.keys(self._known_seq + 1):
+            insort(self._by_value, _ValueOrder.Key((pickle.loads(rec.messages[seq].body), seq)))
+            self._known_seq = seq
+        for key in list(self._by_value):
+            seq = key[1]
+            if seq not in rec.messages:
+                self._gone.add(seq)
+            elif seq in rec.ready and seq not in self._claiming:
+                yield seq, seq
+
+    # -- ack and give back ----------------------------------------------------------------
+
+    def ack_op(self, h):
+        return store.Ack(self.name, h.seq, h.skey, expect=h.receive_count)
+
+    def ack_many(self, holdings):
+        self.begin_settle(holdings)
+        ticket = None
+
+        def failed(error):
+            if isinstance(error, StaleAck):
+                if ticket.uncertain and error.reason == "acked":
+                    self.settled(holdings)    # our own first attempt got through
+                else:
+                    self._drop(holdings, str(error))
+            else:
+                self.cancel_settle(holdings)
+
+        try:
+            ticket = self.committer.submit([self.ack_op(h) for h in holdings],
+                                           on_commit=lambda: self.settled(holdings),
+                                           on_fail=failed)
+        except BaseException:
+            self.cancel_settle(holdings)
+            raise
+        try:
+            ticket.wait()
+        except StaleAck as exc:
+            if not (ticket.uncertain and exc.reason == "acked"):
+                raise
+
+    def _drop(self, holdings, why):
+        """Deliveries the store no longer has in flight for us: forget them locally."""
+        with self.mutex:
+            for h in holdings:
+                h.settling = False
+                if self.inflight.get(h.seq) is h:
+                    del self.inflight[h.seq]
+                    self._forget_holding(h)
+                h.released = why
+
+    def _give_back(self, h, why, delay=0.0):
+        del self.inflight[h.seq]
+        self._forget_holding(h)
+        h.released = why
+        visible_at = self.clock() + delay if delay and delay > 0 else None
+        if visible_at is not None and (self._next_promote is None
+                                       or visible_at < self._next_promote):
+            self._next_promote = visible_at
+            self.reaper_wake.notify()
+        self._return([store.Release(self.name, h.seq, h.skey, visible_at,
+                                    expect=h.receive_count)])
+
+    def _return(self, ops):
+        """Commit operations that make messages ready again (call with the mutex held);
+        until they are durable, a get in this process waits for them."""
+        self._returning += 1
+        self.committer.submit(ops, on_commit=self._returned, on_fail=self._returned)
+
+    def _returned(self, error=None):
+        with self.mutex:
+            self._returning -= 1
+        self.store_changed()
+
+    def give_back_everything(self, why):
+        """Give back every delivery this process holds (the process is closing the queue)."""
+        with self.mutex:
+            for holder in list(self.holders):
+                self._give_back_all(holder, why)
+
+    # -- what others left behind ----------------------------------------------------------
+
+    def store_changed(self):
+        """Another process (or our own committer) changed this queue: waiters look again."""
+        with self.mutex:
+            self.not_empty.notify_all()
+            self.not_full.notify_all()
+            self.all_tasks_done.notify_all()
+            self.reaper_wake.notify()
+
+    def _expire(self):
+        super()._expire()
+        if self._next_promote is not None and self._next_promote <= self.clock():
+            self._next_promote = None
+            self._scan_store()
+
+    def _reap_pass(self):
+        self._expire()
+        now = monotonic()
+        if now >= self._next_scan:
+            self._next_scan = now + SCAN_INTERVAL
+            self._scan_store()
+
+    def _next_wake(self):
+        waits = [max(self._next_scan - monotonic(), 0.001)]
+        base = super()._next_wake()
+        if base is not None:
+            waits.append(base)
+        if self._next_promote is not None:
+            waits.append(max(self._next_promote - self.clock(), 0.001))
+        return min(waits)
+
+    def _scan_store(self):
+        """Give back others' deliveries whose deadline passed, make due delayed messages
+        ready, and wake waiters if the counters moved (for storages without wake-ups)."""
+        rec = self._record()
+        now = self.clock()
+        counts = dict(rec.counts.values)
+        if counts != self._seen_counts:
+            if self._seen_counts is not None:
+                self.not_empty.notify_all()
+                self.not_full.notify_all()
+                self.all_tasks_done.notify_all()
+            self._seen_counts = counts
+        due, later = [], []
+        for seq, visible_at in rec.delayed.items():
+            (due if visible_at <= now else later).append((visible_at, seq))
+        soonest = min(later)[0] if later else None
+        pending = self._next_promote          # a delayed give-back of ours, not yet durable
+        if pending is not None and pending > now and (soonest is None or pending < soonest):
+            soonest = pending
+        self._next_promote = soonest
+        if due:
+            self._return([store.Promote(self.name, seq, now) for _, seq in due])
+        if store.needs_compaction(rec):
+            self.committer.submit([store.Compact(self.name)])
+        for _lease, seq, deadline in rec.leased_items():
+            if deadline is None or deadline > now or seq in self.inflight:
+                continue
+            msg = rec.messages.get(seq)
+            if msg is not None:
+                self._return([store.Release(self.name, seq, rec.key_of(seq), None,
+                                            expect=msg.receive_count)])
+
+    def sweep_orphans(self, lease_id):
+        """Give back deliveries the store says this process holds but no thread here does
+        (a claim whose outcome a lost connection hid)."""
+        with self.mutex:
+            rec = self._record()
+            for seq in list(rec.leased_by(lease_id) or ()):
+                if seq in self.inflight or seq in self._claiming:
+                    continue
+                msg = rec.messages.get(seq)
+                if msg is not None:
+                    self._return([store.Release(self.name, seq, rec.key_of(seq), None,
+                                                expect=msg.receive_count)])
+
+    def lease_lost(self, why):
+        """Others expired this process's lease: forget deliveries they gave back."""
+        with self.mutex:
+            rec = self._record()
+            for seq, h in list(self.inflight.items()):
+                msg = rec.messages.get(seq)
+                if (msg is None or msg.holder is None
+                        or msg.receive_count != h.receive_count):
+                    del self.inflight[seq]
+                    self._forget_holding(h)
+                    h.released = why
+
+    def stop(self):
+        self.give_back_everything("its process closed the queue")
+        super().stop()
+        with self.mutex:
+            self._rtm.abort()
+            self._rconn.close()
+

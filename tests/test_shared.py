@@ -1,0 +1,415 @@
+"""Queues shared through a real server (``ackqueue server``) by several real processes.
+
+Every test starts the console script on a free loopback port and stops it with SIGTERM.
+Child processes are real Python processes; crashes are real SIGKILLs.  Leases are made short
+(lease_timeout in the zeo:// address) so that a dead process's messages come back quickly;
+waits are blocking gets with generous timeouts, which return as soon as the item arrives.
+"""
+import json
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from ackqueue import (AckLifoQueue, AckPriorityQueue, AckQueue, Empty, ServerUnavailable,
+                      StaleAck)
+
+from zeo_server import Server, kill, read_line, spawn
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+
+WAIT = 30               # failure bound for blocking gets that should return quickly
+
+
+class FakeClock:
+    def __init__(self, now=1_000_000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
+    yield srv
+    srv.stop()
+
+
+def short_lease(server, seconds=1.5):
+    return f"{server.url}?lease_timeout={seconds}"
+
+
+# -- the server command ---------------------------------------------------------------------
+
+def test_server_serves_a_file_and_stops_cleanly_on_sigterm_and_sigint(tmp_path):
+    path = tmp_path / "jobs.fs"
+    srv = Server(path, tmp_path / "server.log")
+    q = AckQueue(path=srv.url)
+    q.put("kept")
+    q.close()
+    assert srv.stop(signal.SIGTERM) == 0
+    assert os.path.exists(f"{path}.index"), "a clean stop closes the file (writes .index)"
+    assert "stopping on SIGTERM" in srv.read_log()
+
+    srv = Server(path, tmp_path / "server.log")
+    with AckQueue(path=srv.url) as q:
+        assert q.get(timeout=WAIT) == "kept"
+        q.task_done()
+    assert srv.stop(signal.SIGINT) == 0
+    assert "stopping on SIGINT" in srv.read_log()
+
+
+def test_a_second_server_on_the_same_file_is_refused_clearly(server, tmp_path):
+    proc = spawn("""
+        import sys
+        from ackqueue.cli import main
+        sys.exit(main(["server", sys.argv[1], "--listen", "127.0.0.1:0"]))
+    """, server.path)
+    _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode != 0
+    assert "already open in another process" in err
+
+
+def test_unreachable_server_raises_server_unavailable(tmp_path):
+    srv = Server(tmp_path / "gone.fs", tmp_path / "server.log")
+    url = srv.url
+    srv.stop()
+    with pytest.raises(ServerUnavailable, match="cannot reach the queue server"):
+        AckQueue(path=url + "?wait_timeout=0.5")
+
+
+@pytest.mark.parametrize("url", ["zeo://", "zeo://host", "zeo://host:1/x",
+                                 "zeo://h:1?lease_timeout=-1", "zeo://h:1?color=red"])
+def test_bad_server_addresses_are_value_errors(url):
+    with pytest.raises(ValueError):
+        AckQueue(path=url)
+
+
+# -- the core contract through a server -----------------------------------------------------
+
+def test_fifo_ack_nack_task_done_and_counts(server):
+    with AckQueue(path=server.url, name="contract") as q:
+        for i in range(5):
+            q.put(i)
+        assert q.qsize() == 5 and q.unfinished_tasks == 5
+        a, b = q.get(), q.get()
+        assert (a, b) == (0, 1)
+        assert q.qsize() == 3 and q.unfinished_tasks == 5
+        q.ack(a)
+        q.nack(b)                              # back at its original place: first again
+        m = q.get_message(timeout=WAIT)
+        assert (m.body, m.receive_count) == (1, 2)
+        q.task_done()                          # acknowledges 1 (the oldest held)
+        assert [q.get(block=False) for _ in range(3)] == [2, 3, 4]
+        with pytest.raises(Empty):
+            q.get(block=False)
+        for _ in range(3):
+            q.task_done()
+        q.join()
+        assert q.unfinished_tasks == 0
+        with pytest.raises(ValueError):
+            q.task_done()
+
+
+def test_lifo_and_priority_queues_through_a_server(server):
+    with AckLifoQueue(path=server.url, name="lifo") as q:
+        for i in range(3):
+            q.put(i)
+        assert [q.get(), q.get(), q.get()] == [2, 1, 0]
+    with AckPriorityQueue(path=server.url, name="prio") as q:
+        for item in [(3, "c"), (1, "a"), (2, "b"), (1, "a2")]:
+            q.put(item)
+        got = [q.get() for _ in range(4)]
+        assert got == [(1, "a"), (1, "a2"), (2, "b"), (3, "c")]
+        held = got[0]
+        q.nack(held)
+        assert q.get(timeout=WAIT) == held
+
+
+def test_visibility_deadline_and_delayed_nack_use_the_clock(server):
+    clock = FakeClock()
+    with AckQueue(path=server.url, name="deadline", clock=clock) as q:
+        q.put("x")
+        item = q.get(visibility_timeout=10)
+        clock.now += 11
+        again = q.get(timeout=WAIT)                # came back at its deadline
+        assert again == "x"
+        with pytest.raises(StaleAck):
+            q.ack(item)                            # the first delivery is stale
+        q.nack(again, delay=5)
+        with pytest.raises(Empty):
+            q.get(block=False)
+        clock.now += 6
+        m = q.get_message(timeout=WAIT)
+        assert (m.body, m.receive_count) == ("x", 3)
+        q.ack(m)
+        assert q.unfinished_tasks == 0
+
+
+def test_transactions_commit_or_roll_back_as_one(server):
+    with AckQueue(path=server.url, name="txn") as q:
+        q.put("url")
+        with q.transaction():
+            assert q.get() == "url"
+            q.put("link-1")
+            q.put("link-2")
+        assert q.qsize() == 2 and q.unfinished_tasks == 2
+        with pytest.raises(RuntimeError):
+            with q.transaction():
+                assert q.get() == "link-1"
+                q.put("never")
+                raise RuntimeError("crawler failed")
+        assert [q.get(), q.get()] == ["link-1", "link-2"]
+        q.task_done()
+        q.task_done()
+        assert q.unfinished_tasks == 0
+
+
+def test_a_thread_that_dies_gives_back_what_it_held(server):
+    with AckQueue(path=server.url, name="threads") as q:
+        q.put("job")
+
+        def worker():
+            q.get()
+            raise RuntimeError("worker crashed")
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        m = q.get_message(timeout=WAIT)
+        assert (m.body, m.receive_count) == ("job", 2)
+        q.ack(m)
+
+
+# -- several processes ----------------------------------------------------------------------
+
+CONSUMER = """
+    import json, sys
+    from ackqueue import AckQueue, Empty
+    q = AckQueue(path=sys.argv[1], name=sys.argv[2])
+    print("ready", flush=True)
+    got = []
+    while True:
+        try:
+            item = q.get(timeout=float(sys.argv[3]))
+        except Empty:
+            break
+        got.append(item)
+        q.ack(item)
+    state = q._state
+    print(json.dumps({"got": got, "lost": state.claims_lost,
+                      "conflicts": q._database.committer.conflicts,
+                      "commits": q._database.committer.commits}), flush=True)
+    q.close()
+"""
+
+
+def test_a_put_in_one_process_wakes_a_get_blocked_in_another(server):
+    child = spawn("""
+        import sys, time
+        from ackqueue import AckQueue
+        q = AckQueue(path=sys.argv[1], name="wake")
+        print("ready", flush=True)
+        item = q.get(timeout=60)
+        print(item, flush=True)
+        q.ack(item)
+        q.close()
+    """, server.url)
+    try:
+        assert read_line(child) == "ready"
+        with AckQueue(path=server.url, name="wake") as q:
+            time.sleep(0.2)          # let the child block in get() before the put
+            q.put("hello")
+            assert read_line(child) == "hello"
+        assert child.wait(WAIT) == 0
+    finally:
+        kill(child)
+
+
+def test_four_consumer_processes_share_a_queue_without_double_delivery(server):
+    total = 400
+    with AckQueue(path=server.url, name="shared") as q:
+        for start in range(0, total, 50):
+            with q.transaction():
+                for i in range(start, start + 50):
+                    q.put(i)
+        children = [spawn(CONSUMER, server.url, "shared", 2.0) for _ in range(4)]
+        try:
+            for child in children:
+                assert read_line(child) == "ready"
+            reports = [json.loads(read_line(child)) for child in children]
+        finally:
+            for child in children:
+                kill(child)
+        got = [item for r in reports for item in r["got"]]
+        assert sorted(got) == list(range(total)), "each message delivered exactly once"
+        assert q.unfinished_tasks == 0
+    lost = sum(r["lost"] for r in reports)
+    conflicts = sum(r["conflicts"] for r in reports)
+    commits = sum(r["commits"] for r in reports)
+    print(f"\n4 consumer processes, {total} messages: {commits} commits, {conflicts} "
+          f"conflict retries ({conflicts / commits:.1%}), {lost} claims lost to others, "
+          f"per process {[len(r['got']) for r in reports]}")
+
+
+def test_messages_of_a_sigkilled_process_come_back_at_deadline_or_lease_expiry(server):
+    url = short_lease(server)
+    child = spawn("""
+        import os, signal, sys
+        from ackqueue import AckQueue
+        q = AckQueue(path=sys.argv[1], name="crash")
+        held = [q.get() for _ in range(2)]
+        held += [q.get(visibility_timeout=1.0) for _ in range(2)]
+        print(" ".join(map(str, held)), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """, url)
+    with AckQueue(path=url, name="crash") as q:
+        for i in range(5):
+            q.put(i)
+        try:
+            assert read_line(child) == "0 1 2 3"
+            assert child.wait(WAIT) == -signal.SIGKILL
+        finally:
+            kill(child)
+        assert q.get() == 4                      # the one the child never took
+        back = [q.get_message(timeout=WAIT) for _ in range(4)]
+        assert sorted(m.body for m in back) == [0, 1, 2, 3]
+        assert all(m.receive_count == 2 for m in back)
+        for m in back:
+            q.ack(m)
+        q.task_done()
+        assert q.unfinished_tasks == 0
+        assert q._database.lease.expired_leases == 1
+
+
+def test_a_paused_process_cannot_ack_a_message_redelivered_meanwhile(server):
+    url = short_lease(server)
+    child = spawn("""
+        import sys
+        from ackqueue import AckQueue, StaleAck
+        q = AckQueue(path=sys.argv[1], name="pause")
+        item = q.get()
+        print("holding", item, flush=True)
+        sys.stdin.readline()
+        try:
+            q.ack(item)
+            print("acked", flush=True)
+        except StaleAck as exc:
+            print("stale", exc, flush=True)
+        q.close()
+    """, url)
+    try:
+        with AckQueue(path=url, name="pause") as q:
+            q.put("job")
+            assert read_line(child) == "holding job"
+            os.kill(child.pid, signal.SIGSTOP)           # a long pause, not a death
+            m = q.get_message(timeout=WAIT)              # its lease expires: redelivered
+            assert (m.body, m.receive_count) == ("job", 2)
+            os.kill(child.pid, signal.SIGCONT)
+            child.stdin.write("ack\n")
+            child.stdin.flush()
+            answer = read_line(child)
+            assert answer.startswith("stale"), answer
+            q.ack(m)                                     # the live delivery still acks
+            assert q.unfinished_tasks == 0
+        assert child.wait(WAIT) == 0
+    finally:
+        kill(child)
+
+
+def test_server_restart_loses_nothing_and_resurrects_no_ack(server):
+    with AckQueue(path=server.url, name="restart") as q:
+        for i in range(10):
+            q.put(i)
+        for _ in range(4):
+            q.ack(q.get())
+        held = q.get()                                   # 4, in flight across the restart
+        server.restart()
+        q.put(10)                                        # waits for the reconnection
+        q.ack(held)
+        rest = [q.get(timeout=WAIT) for _ in range(6)]
+        assert rest == [5, 6, 7, 8, 9, 10]
+        for item in rest:
+            q.ack(item)
+        assert q.unfinished_tasks == 0
+        with pytest.raises(Empty):
+            q.get(block=False)
+
+
+PRODUCER = """
+    import sys
+    from ackqueue import AckQueue
+    q = AckQueue(path=sys.argv[1], name="torture")
+    tag, count = sys.argv[2], int(sys.argv[3])
+    for start in range(0, count, 10):
+        with q.transaction():
+            for i in range(start, min(start + 10, count)):
+                q.put(f"{tag}-{i}")
+    print("done", flush=True)
+    q.close()
+"""
+
+WORKER = """
+    import os, sys
+    from ackqueue import AckQueue, Empty
+    q = AckQueue(path=sys.argv[1], name="torture")
+    log = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    print("ready", flush=True)
+    while True:
+        try:
+            item = q.get(timeout=0.5)
+        except Empty:
+            continue
+        os.write(log, (item + "\\n").encode())
+        os.fsync(log)
+        q.ack(item)
+"""
+
+
+def test_producers_and_consumers_with_random_sigkills_lose_nothing(server, tmp_path):
+    """2 producer and 3 consumer processes; consumers are SIGKILLed at random moments and
+    restarted.  Every message put is processed at least once and the queue drains."""
+    rng = random.Random(20261123)
+    url = short_lease(server, 1.0)
+    per_producer = 150
+    expected = {f"{tag}-{i}" for tag in "ab" for i in range(per_producer)}
+    logs = [tmp_path / f"worker{n}.log" for n in range(3)]
+    producers = [spawn(PRODUCER, url, tag, per_producer) for tag in "ab"]
+    workers = [spawn(WORKER, url, log) for log in logs]
+    kills = 0
+    try:
+        for w in workers:
+            assert read_line(w) == "ready"
+        with AckQueue(path=url, name="torture") as q:
+            end = time.monotonic() + 120
+            while time.monotonic() < end:
+                time.sleep(rng.uniform(0.2, 0.6))
+                n = rng.randrange(3)
+                kill(workers[n])
+                kills += 1
+                workers[n] = spawn(WORKER, url, logs[n])
+                assert read_line(workers[n]) == "ready"
+                producing = any(p.poll() is None for p in producers)
+                if not producing and q.unfinished_tasks == 0:
+                    break
+            for p in producers:
+                assert read_line(p) == "done"
+            # Stop killing; let the workers drain what is left.
+            drain_end = time.monotonic() + 60
+            while q.unfinished_tasks and time.monotonic() < drain_end:
+                time.sleep(0.1)
+            assert q.unfinished_tasks == 0, "the queue drained"
+    finally:
+        for proc in producers + workers:
+            kill(proc)
+    processed = []
+    for log in logs:
+        if log.exists():
+            processed += log.read_text().split()
+    assert set(processed) == expected, "every message was processed at least once"
+    print(f"\n{len(expected)} messages, {kills} consumer kills, "
+          f"{len(processed) - len(set(processed))} processed twice (killed before their ack)")
