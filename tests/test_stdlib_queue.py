@@ -3,7 +3,10 @@
 QueueTest, LifoQueueTest and PriorityQueueTest are the standard library's classes, unchanged;
 only the queue module they test is replaced by a namespace whose Queue, LifoQueue and
 PriorityQueue are AckQueue, AckLifoQueue and AckPriorityQueue (named like the stdlib classes,
-because the tests look at the class name), in memory and on a fresh FileStorage file."""
+because the tests look at the class name), in memory, on a fresh FileStorage file, and
+through a queue server (``ackqueue server``, started for this module; each queue is a new
+named queue on it)."""
+import itertools
 import os
 import queue
 import shutil
@@ -14,6 +17,8 @@ import unittest
 import pytest
 
 import ackqueue
+
+from zeo_server import Server
 
 try:
     from test import test_queue as stdlib
@@ -35,9 +40,11 @@ class _Opened:
         self.queues = []
         self.directory = None
 
-    def kwargs(self, on_file):
-        if not on_file:
+    def kwargs(self, where):
+        if where == "Memory":
             return {}
+        if where == "Server":
+            return {"path": _server().url, "name": f"q{next(_names)}"}
         if self.directory is None:
             self.directory = tempfile.mkdtemp(prefix="ackqueue-stdlib-")
         return {"path": os.path.join(self.directory, f"q{len(self.queues)}.fs")}
@@ -51,36 +58,55 @@ class _Opened:
             self.directory = None
 
 
-def _namespace(on_file, opened):
+_names = itertools.count()
+_servers = []
+_server_dir = []
+
+
+def _server():
+    if not _servers:
+        _server_dir.append(tempfile.mkdtemp(prefix="ackqueue-stdlib-server-"))
+        _servers.append(Server(os.path.join(_server_dir[0], "shared.fs"),
+                               os.path.join(_server_dir[0], "server.log")))
+    return _servers[0]
+
+
+def teardown_module():
+    for srv in _servers:
+        ackqueue.storage._close_all()       # clients first, so the server stops cleanly
+        assert srv.stop() == 0
+    for directory in _server_dir:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _namespace(where, opened):
     ns = types.SimpleNamespace(Empty=queue.Empty, Full=queue.Full, ShutDown=ackqueue.ShutDown)
     for stdlib_name, cls in DROP_INS.items():
         def __init__(self, maxsize=0, _cls=cls):
-            _cls.__init__(self, maxsize, **opened.kwargs(on_file))
+            _cls.__init__(self, maxsize, **opened.kwargs(where))
             opened.queues.append(self)
         setattr(ns, stdlib_name, type(stdlib_name, (cls,), {"__init__": __init__}))
     return ns
 
 
-def _make(base, on_file):
+def _make(base, where):
     class Case(base, unittest.TestCase):
         def setUp(self):
             self.opened = _Opened()
-            self.queue = _namespace(on_file, self.opened)
+            self.queue = _namespace(where, self.opened)
             super().setUp()
 
         def tearDown(self):
             self.opened.close()
             super().tearDown()
 
-    where = "File" if on_file else "Memory"
     Case.__name__ = Case.__qualname__ = f"{where}{base.__name__}"
     return Case
 
 
 if stdlib is not None:
-    MemoryQueueTest = _make(stdlib.QueueTest, on_file=False)
-    MemoryLifoQueueTest = _make(stdlib.LifoQueueTest, on_file=False)
-    MemoryPriorityQueueTest = _make(stdlib.PriorityQueueTest, on_file=False)
-    FileQueueTest = _make(stdlib.QueueTest, on_file=True)
-    FileLifoQueueTest = _make(stdlib.LifoQueueTest, on_file=True)
-    FilePriorityQueueTest = _make(stdlib.PriorityQueueTest, on_file=True)
+    for _where in ("Memory", "File", "Server"):
+        for _base in (stdlib.QueueTest, stdlib.LifoQueueTest, stdlib.PriorityQueueTest):
+            _case = _make(_base, _where)
+            globals()[_case.__name__] = _case
+    del _where, _base, _case
