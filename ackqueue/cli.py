@@ -27,6 +27,10 @@ def main(argv=None):
     server.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", metavar="HOST:PORT",
                         help=f"address to listen on (default 127.0.0.1:{DEFAULT_PORT}; "
                              "port 0 picks a free one)")
+    server.add_argument("--durability", choices=("fsync", "os"), default="fsync",
+                        help="fsync: every commit survives a power cut (default); os: "
+                             "commits survive a crash of the server process, not of the "
+                             "machine")
     args = parser.parse_args(argv)
     if args.command == "server":
         from .server import parse_listen, serve
@@ -36,7 +40,7 @@ def main(argv=None):
             host, port = parse_listen(args.listen)
         except ValueError as exc:
             parser.error(str(exc))
-        return serve(args.path, host, port)
+        return serve(args.path, host, port, durability=args.durability)
     if args.command == "demo":
         from .demo import run_demo
         return run_demo(jobs=args.jobs, workers=args.workers, directory=args.dir,

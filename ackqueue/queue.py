@@ -44,6 +44,9 @@ class AckQueue(_stdlib_queue.Queue):
     - visibility_timeout: default seconds a received item may stay unacknowledged before it
       is given back (None: until acked, its thread ends, or the process dies);
     - clock: the time source for deadlines (time.time); tests inject a fake one;
+    - durability (files only): "fsync" (the default) makes every commit durable against
+      power loss; "os" writes commits to the operating system without fsync: they survive
+      a process crash but the latest ones may be lost to a power cut or an OS crash;
     - thread_exit: "auto" gives back what an ended thread held if it died of an exception
       or once the program acknowledges on this queue (plain queue.Queue code that never
       acknowledges keeps queue.Queue's final gets); "give_back" always gives it back.
@@ -52,7 +55,7 @@ class AckQueue(_stdlib_queue.Queue):
     _kind = store.FIFO
 
     def __init__(self, maxsize=0, *, path=None, db=None, name="default",
-                 visibility_timeout=None, clock=None, thread_exit="auto"):
+                 visibility_timeout=None, clock=None, thread_exit="auto", durability=None):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -69,7 +72,7 @@ class AckQueue(_stdlib_queue.Queue):
         self._closed = False
         self._local = threading.local()
         self._connections = weakref.WeakSet()
-        self._database = open_database(path, db)
+        self._database = open_database(path, db, durability)
         try:
             kind, clock = self._kind, clock or time.time
             self._state = self._database.state(name, kind, clock)

@@ -54,12 +54,12 @@ def _stop(signum, frame):
     raise SystemExit(0)
 
 
-def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, out=sys.stdout):
+def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", out=sys.stdout):
     """Serve the queue file path on (host, port) until SIGTERM or SIGINT.  Port 0 picks a
     free port; the address served is printed on out as ``... at zeo://HOST:PORT``."""
     path = os.path.realpath(path)
     ZODB.DB(open_file_storage(path)).close()    # create the root before clients race to
-    storage = open_file_storage(path)
+    storage = open_file_storage(path, durability)
     try:
         server = StorageServer((host, port), {"1": storage})
     except BaseException:
@@ -70,7 +70,8 @@ def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, out=sys.stdout):
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
         print(f"ackqueue server: serving {path} at zeo://{bound_host}:{bound_port} "
-              f"(pid {os.getpid()}); stop with SIGTERM or Ctrl-C", file=out, flush=True)
+              f"(pid {os.getpid()}, durability {durability}); stop with SIGTERM or Ctrl-C",
+              file=out, flush=True)
         server.loop()
     finally:
         server.close()          # closes client connections and the storage (.index)

@@ -57,6 +57,7 @@ class Database:
         self.refs = 0
         self.closed = False
         self.lease = None
+        self.durability = None        # for files: "fsync" or "os"
         self._watched = {}            # oid -> shared state woken when that object changes
         self._changes = None
         if not exclusive:
@@ -198,12 +199,36 @@ def _open_zeo(url):
                 raise
 
 
-def _open_file(path):
-    return ZODB.DB(open_file_storage(path), pool_size=64, cache_size=20000)
+DURABILITIES = ("fsync", "os")
 
 
-def open_file_storage(path):
-    """A FileStorage for path, with clear errors (also used by ackqueue server)."""
+class OSDurableFileStorage(FileStorage):
+    """A FileStorage whose commits are written to the operating system but not fsync'd:
+    they survive the process (a crash, SIGKILL) but not the machine (power loss, an OS
+    crash can lose the latest commits; FileStorage truncates a torn tail on open)."""
+
+    def _finish_finish(self, tid):
+        # FileStorage._finish_finish without the fsync (the method exists to be replaced).
+        self._file.flush()
+        self._pos = self._nextpos
+        self._index.update(self._tindex)
+        self._ltid = tid
+        self._blob_tpc_finish()
+
+
+def check_durability(durability):
+    if durability not in DURABILITIES:
+        raise ValueError(f"durability must be one of {DURABILITIES}, not {durability!r}")
+    return durability
+
+
+def _open_file(path, durability="fsync"):
+    return ZODB.DB(open_file_storage(path, durability), pool_size=64, cache_size=20000)
+
+
+def open_file_storage(path, durability="fsync"):
+    """A FileStorage for path, with clear errors (also used by ackqueue server).
+    durability "fsync" fsyncs every commit; "os" leaves writing back to the OS."""
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
         raise FileNotFoundError(
@@ -211,7 +236,8 @@ def open_file_storage(path):
     if os.path.isdir(path):
         raise IsADirectoryError(f"queue path {path!r} is a directory, not a queue file")
     try:
-        storage = FileStorage(path, create=not os.path.exists(path))
+        cls = FileStorage if check_durability(durability) == "fsync" else OSDurableFileStorage
+        storage = cls(path, create=not os.path.exists(path))
     except zc.lockfile.LockError:
         raise QueueLocked(
             f"queue file {path!r} is already open in another process{_lock_holder(path)}. "
@@ -249,11 +275,18 @@ def _remove_stale_lock(path):
         pass
 
 
-def open_database(path=None, db=None):
+def open_database(path=None, db=None, durability=None):
     """The shared Database handle for path (a file), db (an application's ZODB.DB), or a new
-    in-memory database when both are None.  The caller must call release() once."""
+    in-memory database when both are None.  The caller must call release() once.
+    durability ("fsync", the default, or "os") applies to files this opens."""
     if path is not None and db is not None:
         raise TypeError("pass either path= or db=, not both")
+    if durability is not None:
+        check_durability(durability)
+        if durability != "fsync" and (path is None or os.fspath(path).startswith("zeo://")):
+            raise ValueError("durability= applies to a queue file (path=); a server's "
+                             "durability is set where it runs (ackqueue server "
+                             "--durability), an application database's by its storage")
     if db is not None:
         if not isinstance(db, ZODB.DB):
             raise TypeError(f"db= must be a ZODB.DB, not {type(db).__name__}")
@@ -287,8 +320,18 @@ def open_database(path=None, db=None):
             return _shared_handle(key, make)
         path = os.path.realpath(path)
         key = ("file", path)
-        make = lambda: Database(_open_file(path), key=key, owned=True,  # noqa: E731
-                                exclusive=True, description=f"file {path!r}")
+
+        def make():
+            handle = Database(_open_file(path, durability or "fsync"), key=key, owned=True,
+                              exclusive=True, description=f"file {path!r}")
+            handle.durability = durability or "fsync"
+            return handle
+        handle = _shared_handle(key, make)
+        if durability is not None and handle.durability != durability:
+            handle._release()
+            raise ValueError(f"queue file {path!r} is already open in this process with "
+                             f"durability={handle.durability!r}")
+        return handle
     else:
         handle = Database(ZODB.DB(MappingStorage()), key=None, owned=True, exclusive=True,
                           description="memory")

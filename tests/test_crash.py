@@ -154,3 +154,38 @@ def test_thread_dying_of_exception_gives_back_in_plain_code(tmp_path):
     assert result["count"] == 2
     assert result["elapsed"] < 1.0
     assert result["left"] == 1
+
+
+def test_durability_os_survives_a_sigkilled_process(tmp_path):
+    """durability="os" skips fsync: commits reach the OS, so a killed process loses
+    nothing (a power cut could lose the latest commits; that is not tested here)."""
+    path = tmp_path / "os.fs"
+    proc = run_child("""
+        import os, signal, sys
+        from ackqueue import AckQueue
+        q = AckQueue(path=sys.argv[1], durability="os")
+        for i in range(20):
+            q.put(i)
+        for _ in range(5):
+            q.ack(q.get())
+        q.get()                                   # in flight when the process dies
+        print("ok", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """, path)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert proc.stdout.strip() == "ok"
+    with AckQueue(path=path) as q:
+        assert [q.get(block=False) for _ in range(15)] == list(range(5, 20))
+        with pytest.raises(Empty):
+            q.get_nowait()
+
+
+def test_durability_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="durability must be one of"):
+        AckQueue(path=tmp_path / "x.fs", durability="never")
+    with pytest.raises(ValueError, match="applies to a queue file"):
+        AckQueue(durability="os")
+    with AckQueue(path=tmp_path / "y.fs", durability="os"):
+        with pytest.raises(ValueError, match="already open in this process"):
+            AckQueue(path=tmp_path / "y.fs", durability="fsync")
+        AckQueue(path=tmp_path / "y.fs").close()       # no preference: shares the open file
