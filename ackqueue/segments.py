@@ -8,47 +8,61 @@ processes would then conflict on every commit, and retry in step.
 A SegmentedIndex splits its keys into segments of 2**bits consecutive keys (keys are
 sequence numbers, or store keys that keep them in their low bits, so a segment is a run of
 neighbouring messages).  A segment is a small persistent dict whose _p_resolveConflict
-merges any two concurrent changes that add or remove *different* keys; two removals of the
-same key (two processes claiming one message) remain a conflict, which is what makes a
-claim exclusive.  The segments live in an LOBTree keyed by segment number, which changes
+merges any two concurrent changes to *different* keys; two changes of the same key (two
+processes claiming one message) remain a conflict, which is what makes a claim exclusive.  The segments live in an LOBTree keyed by segment number, which changes
 only when a segment is created or emptied: once per 2**bits messages.
 
 Conflict resolution runs where the commit lands: in the process for a FileStorage, on the
 server under ZEO (which is why the server needs ackqueue importable).
 """
+import pickle
+from collections import namedtuple
+
 from BTrees.LOBTree import LOBTree
 from persistent import Persistent
 from ZODB.POSException import ConflictError
 
-__all__ = ["SegmentedIndex", "Segment"]
+__all__ = ["SegmentedIndex", "Segment", "MessageIndex", "Msg"]
 
 _MISSING = object()
+_PROTOCOL = 4
 
 
 class Segment(Persistent):
-    """Up to 2**bits entries key -> value (None for set members); merges disjoint changes."""
+    """Up to 2**bits entries key -> plain value (None for set members).
+
+    Its state is one bytes object (the entries pickled with the standard pickle): ZODB's
+    pickler then sees a single object instead of calling back into Python for every key
+    and value, which is most of what a commit costs.  Values must therefore be plain data
+    (no persistent objects).  Concurrent changes merge key by key (see _p_resolveConflict)."""
 
     def __init__(self):
         self.data = {}
 
     def __getstate__(self):
-        return self.data
+        return pickle.dumps(self.data, protocol=_PROTOCOL)
 
     def __setstate__(self, state):
-        self.data = state
+        self.data = pickle.loads(state) if isinstance(state, bytes) else dict(state)
 
     def _p_resolveConflict(self, old, committed, new):
-        # Entries are only ever added or removed (a key's value is written once), so two
-        # changes merge unless both removed, or both added, the same key.
-        committed_added = committed.keys() - old.keys()
-        committed_removed = old.keys() - committed.keys()
-        new_added = new.keys() - old.keys()
-        new_removed = old.keys() - new.keys()
-        if committed_removed & new_removed or committed_added & new_added:
-            raise ConflictError("both transactions added or removed the same queue entry")
-        merged = {k: v for k, v in committed.items() if k not in new_removed}
-        merged.update((k, new[k]) for k in new_added)
-        return merged
+        old, committed, new = (pickle.loads(s) if isinstance(s, bytes) else s
+                               for s in (old, committed, new))
+        merged = {}
+        for key in old.keys() | committed.keys() | new.keys():
+            before = old.get(key, _MISSING)
+            theirs = committed.get(key, _MISSING)
+            ours = new.get(key, _MISSING)
+            if theirs == before:
+                value = ours
+            elif ours == before:
+                value = theirs
+            else:
+                # Both changed this entry (two claims of one message, two acks, ...).
+                raise ConflictError("both transactions changed the same queue entry")
+            if value is not _MISSING:
+                merged[key] = value
+        return pickle.dumps(merged, protocol=_PROTOCOL)
 
 
 class SegmentedIndex(Persistent):
@@ -158,3 +172,26 @@ class SegmentedIndex(Persistent):
         for segment in self.segments.values():
             return not segment.data
         return False
+
+
+Msg = namedtuple("Msg", "body priority sent_at receive_count first_received last_received "
+                        "holder")
+Msg.__doc__ = """One queued message as the store keeps it: the pickled item (bytes), its
+priority and put time, its delivery history, and the lease holding it (shared queues)."""
+
+
+class MessageIndex(SegmentedIndex):
+    """seq -> Msg, kept inline in the segments (a message is a few hundred bytes of plain
+    data, so no persistent object of its own): a put writes one segment, not a record
+    plus a bucket of references to its neighbours."""
+
+    def get(self, key, default=None):
+        value = super().get(key, _MISSING)
+        return default if value is _MISSING else Msg._make(value)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, tuple(value))
+
+    def items(self):
+        for key, value in super().items():
+            yield key, Msg._make(value)

@@ -4,7 +4,7 @@ Layout, under the database root::
 
     root["ackqueue"]            Catalog
       .queues[name]             QueueRecord (one per named queue)
-        .messages[seq]          MessageRecord: the pickled item and its delivery history
+        .messages[seq]          Msg: the pickled item and its delivery history (inline)
         .ready                  set of store keys: what can be delivered, in delivery order
         .inflight[seq]          what is out: its deadline (a time.time() float, 0.0 for none)
         .leased[lease id][seq]  the same, for messages claimed through a server: one index per
@@ -16,8 +16,9 @@ Layout, under the database root::
       .leases[lease id]         LeaseRecord: one per process using the storage through a server
 
 Why this shape:
-- Each message is its own persistent record, written once by put: a commit writes the new
-  record plus a few small index buckets, never the bodies of its neighbours.
+- A message is a plain tuple (ackqueue.segments.Msg) kept inline in its index segment: a
+  put writes that segment (its run of 64 neighbours, pickled as one bytes object), a
+  counter and the ready segment, and nothing else.
 - messages and ready are SegmentedIndexes (ackqueue.segments): runs of 64 neighbouring
   messages per persistent segment, whose conflict resolution merges concurrent changes to
   different messages, including at the head of the queue, where BTree buckets refuse to
@@ -51,7 +52,7 @@ from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 from ZODB.POSException import ConflictError
 
-from .segments import SegmentedIndex
+from .segments import MessageIndex, Msg, SegmentedIndex
 
 from .errors import Refused, StaleAck
 
@@ -165,7 +166,7 @@ class SeqCounter(Persistent):
 
 
 class MessageRecord(Persistent):
-    """One queued message: the pickled item and what happened to it so far."""
+    """One queued message, as queues made by ackqueue 0.1 stored them (read to migrate)."""
 
     def __init__(self, seq, body, priority, sent_at):
         self.seq = seq
@@ -190,7 +191,7 @@ class QueueRecord(Persistent):
         self.name = name
         self.kind = kind
         self.created = time.time()
-        self.messages = SegmentedIndex()
+        self.messages = MessageIndex()
         self.ready = SegmentedIndex()
         self.inflight = LOBTree()
         self.delayed = LOBTree()
@@ -210,7 +211,7 @@ class QueueRecord(Persistent):
         msg = self.messages.get(seq)
         if msg is not None and msg.holder is not None:
             del self.leased[msg.holder][seq]
-            msg.holder = None
+            self.messages[seq] = msg._replace(holder=None)
             self.counts.add(inflight=-1)
             return "inflight"
         if seq in self.inflight:
@@ -238,12 +239,9 @@ class QueueRecord(Persistent):
         self.detach(seq, store_key(self.kind, msg.priority, seq))
         leased = self.leased_by(lease, create=True)
         leased[seq] = float(deadline or 0.0)
-        msg.holder = lease
+        msg = self.messages[seq] = received(msg, msg.receive_count + 1, at)._replace(
+            holder=lease)
         self.counts.add(inflight=1)
-        msg.receive_count += 1
-        if msg.first_received is None:
-            msg.first_received = at
-        msg.last_received = at
         if msg.receive_count > 1:
             self.counts.add(redelivered=1)
         return msg
@@ -272,6 +270,23 @@ class QueueRecord(Persistent):
         self.make_ready(seq, self.key_of(seq), visible_at)
         self.counts.add(given_back=1, **counts)
 
+    def upgrade(self):
+        """Move a queue made by ackqueue 0.1 (BTrees of MessageRecords) to the merging
+        indexes; True if anything changed (the caller commits)."""
+        changed = False
+        if not isinstance(self.messages, MessageIndex):
+            messages = MessageIndex()
+            for seq, m in self.messages.items():
+                messages[seq] = Msg(m.body, m.priority, m.sent_at, m.receive_count,
+                                    m.first_received, m.last_received, None)
+            self.messages, changed = messages, True
+        if not isinstance(self.ready, SegmentedIndex):
+            ready = SegmentedIndex()
+            for key in self.ready:
+                ready.add(key)
+            self.ready, changed = ready, True
+        return changed
+
     def recover_inflight(self):
         """Give back every message in flight (the process that held them is gone).
 
@@ -286,6 +301,12 @@ class QueueRecord(Persistent):
             self.counts.add(inflight=-len(seqs), ready=len(seqs), recovered=len(seqs),
                             given_back=len(seqs))
         return len(seqs)
+
+
+def received(msg, receive_count, at):
+    """msg after its receive number receive_count, at time at."""
+    return msg._replace(receive_count=receive_count, last_received=at,
+                        first_received=at if msg.first_received is None else msg.first_received)
 
 
 class LeaseRecord(Persistent):
@@ -321,6 +342,7 @@ def ensure_queue(root, name, kind):
     record = catalog.queues.get(name)
     if record is None:
         record = catalog.queues[name] = QueueRecord(name, kind)
+    record.upgrade()
     return record
 
 
@@ -382,7 +404,8 @@ class Put(_Op):
             self.key = store_key(rec.kind, self.priority, self.seq)
         else:
             rec.next_seq.advance_past(self.seq)
-        rec.messages[self.seq] = MessageRecord(self.seq, self.body, self.priority, self.sent_at)
+        rec.messages[self.seq] = Msg(self.body, self.priority, self.sent_at, 0, None, None,
+                                     None)
         rec.make_ready(self.seq, self.key, self.visible_at)
         rec.counts.add(put=1)
 
@@ -391,7 +414,7 @@ class Claim(_Op):
     """A delivery: the message goes in flight, with its receive count and deadline.
 
     With a lease (shared queues) the claim is refused unless the message is still ready,
-    the store counts the receive, and ``result`` holds the MessageRecord once applied."""
+    the store counts the receive, and ``result`` holds the message's fields once applied."""
 
     __slots__ = ("name", "seq", "key", "receive_count", "at", "deadline", "lease", "result")
 
@@ -422,10 +445,7 @@ class Claim(_Op):
         rec.inflight[self.seq] = float(self.deadline or 0.0)
         rec.counts.add(inflight=1)
         if self.receive_count > msg.receive_count:
-            msg.receive_count = self.receive_count
-            if msg.first_received is None:
-                msg.first_received = self.at
-            msg.last_received = self.at
+            rec.messages[self.seq] = received(msg, self.receive_count, self.at)
             if self.receive_count > 1:
                 rec.counts.add(redelivered=1)
 
@@ -527,13 +547,11 @@ class Compact(_Op):
     def apply(self, root):
         rec = _queue(root, self.name)
         for index in (rec.ready, rec.messages):
-            if isinstance(index, SegmentedIndex):
-                index.compact()
+            index.compact()
 
 
 def needs_compaction(rec):
-    return any(isinstance(index, SegmentedIndex) and index.has_empty_head()
-               for index in (rec.ready, rec.messages))
+    return rec.ready.has_empty_head() or rec.messages.has_empty_head()
 
 
 class RegisterLease(_Op):

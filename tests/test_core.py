@@ -2,6 +2,7 @@
 
 Deterministic: deadlines use an injected fake clock (every get/qsize checks them), thread
 ends are checked on every get/qsize, and timeouts are only failure bounds."""
+import pickle
 import threading
 
 import pytest
@@ -697,3 +698,38 @@ def test_shutdown_immediate_keeps_stored_items_for_the_next_open(make):
         q.get_nowait()
     q.join()                                # returns at once after an immediate shutdown
     assert q.unfinished_tasks == 1          # nothing stored was deleted
+
+
+def test_a_queue_file_of_ackqueue_0_1_is_upgraded_on_open(tmp_path):
+    """Version 0.1 kept messages as MessageRecords in an LOBTree and the ready set in an
+    LLTreeSet; opening such a file moves them to the merging indexes, in order."""
+    import transaction
+    import ZODB
+    from BTrees.LLBTree import LLTreeSet
+    from BTrees.LOBTree import LOBTree
+    from ZODB.FileStorage import FileStorage
+
+    from ackqueue import store
+
+    path = str(tmp_path / "old.fs")
+    db = ZODB.DB(FileStorage(path))
+    with db.transaction() as conn:
+        rec = store.ensure_queue(conn.root(), "default", store.FIFO)
+        rec.messages, rec.ready = LOBTree(), LLTreeSet()      # the 0.1 layout
+        for seq in (1, 2, 3):
+            m = store.MessageRecord(seq, pickle.dumps(f"job{seq}"), 100, 0.0)
+            m.receive_count = 1 if seq == 2 else 0
+            rec.messages[seq] = m
+            rec.ready.add(store.store_key(store.FIFO, 100, seq))
+        rec.next_seq.advance_past(3)
+        rec.counts.add(ready=3, put=3)
+    db.close()
+
+    with AckQueue(path=path) as q:
+        messages = [q.get_message(block=False) for _ in range(3)]
+        assert [m.body for m in messages] == ["job1", "job2", "job3"]
+        assert [m.receive_count for m in messages] == [1, 2, 1]
+        for m in messages:
+            q.ack(m)
+        q.put("new")
+        assert q.get_message().id == 4             # numbering goes on after the old seqs
