@@ -307,10 +307,13 @@ class SharedQueueState(QueueState):
     def store_changed(self):
         """Another process (or our own committer) changed this queue: waiters look again."""
         with self.mutex:
-            self.not_empty.notify_all()
-            self.not_full.notify_all()
-            self.all_tasks_done.notify_all()
+            self._wake_waiters()
             self.reaper_wake.notify()
+
+    def _wake_waiters(self):
+        self.not_empty.notify_all()
+        self.not_full.notify_all()
+        self.all_tasks_done.notify_all()
 
     def _expire(self):
         super()._expire()
@@ -342,9 +345,7 @@ class SharedQueueState(QueueState):
         counts = dict(rec.counts.values)
         if counts != self._seen_counts:
             if self._seen_counts is not None:
-                self.not_empty.notify_all()
-                self.not_full.notify_all()
-                self.all_tasks_done.notify_all()
+                self._wake_waiters()
             self._seen_counts = counts
         due, later = [], []
         for seq, visible_at in rec.delayed.items():
@@ -361,10 +362,14 @@ class SharedQueueState(QueueState):
         for _lease, seq, deadline in rec.leased_items():
             if deadline is None or deadline > now or seq in self.inflight:
                 continue
-            msg = rec.messages.get(seq)
-            if msg is not None:
-                self._return([store.Release(self.name, seq, rec.key_of(seq), None,
-                                            expect=msg.receive_count)])
+            self._release_stored(rec, seq)
+
+    def _release_stored(self, rec, seq):
+        """Give back a delivery that no thread here holds, as the store last saw it."""
+        msg = rec.messages.get(seq)
+        if msg is not None:
+            self._return([store.Release(self.name, seq, rec.key_of(seq), None,
+                                        expect=msg.receive_count)])
 
     def sweep_orphans(self, lease_id):
         """Give back deliveries the store says this process holds but no thread here does
@@ -372,12 +377,8 @@ class SharedQueueState(QueueState):
         with self.mutex:
             rec = self._record()
             for seq in list(rec.leased_by(lease_id) or ()):
-                if seq in self.inflight or seq in self._claiming:
-                    continue
-                msg = rec.messages.get(seq)
-                if msg is not None:
-                    self._return([store.Release(self.name, seq, rec.key_of(seq), None,
-                                                expect=msg.receive_count)])
+                if seq not in self.inflight and seq not in self._claiming:
+                    self._release_stored(rec, seq)
 
     def lease_lost(self, why):
         """Others expired this process's lease: forget deliveries they gave back."""

@@ -585,7 +585,8 @@ class Beat(_Op):
 
 
 class DropLease(_Op):
-    """A process stops cleanly: its lease goes (what it held was given back before)."""
+    """A process stops cleanly: its lease goes, and anything it still held without a
+    deadline (a give-back that did not reach the store) is given back with it."""
 
     __slots__ = ("lease_id",)
 
