@@ -336,7 +336,7 @@ class QueueConnection:
         try:
             rec = self._zconn.root()[store.ROOT_KEY].queues[self._state.name]
             m = rec.messages[seq]
-            return Meta(m.body, m.priority, m.sent_at, m.receive_count, m.first_received,
+            return Meta(rec.body_of(seq, m), m.priority, m.sent_at, m.receive_count, m.first_received,
                         m.last_received)
         finally:
             self._tm.abort()

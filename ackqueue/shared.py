@@ -223,7 +223,8 @@ class SharedQueueState(QueueState):
             self._by_value = [k for k in self._by_value if k[1] not in self._gone]
             self._gone.clear()
         for seq in rec.messages.keys(self._known_seq + 1):
-            insort(self._by_value, _ValueOrder.Key((pickle.loads(rec.messages[seq].body), seq)))
+            body = rec.body_of(seq, rec.messages[seq])
+            insort(self._by_value, _ValueOrder.Key((pickle.loads(body), seq)))
             self._known_seq = seq
         for key in list(self._by_value):
             seq = key[1]

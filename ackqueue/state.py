@@ -225,7 +225,7 @@ class QueueState:
 
     def _memory_key_from_store(self, rec, seq):
         if self.kind == store.VALUE:
-            return (pickle.loads(rec.messages[seq].body), seq)
+            return (pickle.loads(rec.body_of(seq, rec.messages[seq])), seq)
         return rec.key_of(seq)
 
     def memory_key(self, skey, item):

@@ -18,7 +18,9 @@ Layout, under the database root::
 Why this shape:
 - A message is a plain tuple (ackqueue.segments.Msg) kept inline in its index segment: a
   put writes that segment (its run of 64 neighbours, pickled as one bytes object), a
-  counter and the ready segment, and nothing else.
+  counter and the ready segment, and nothing else.  A body over LARGE_BODY bytes is kept
+  in a Body record of its own (``.bodies[seq]``), so that big items are not rewritten
+  with every change to their neighbours.
 - messages and ready are SegmentedIndexes (ackqueue.segments): runs of 64 neighbouring
   messages per persistent segment, whose conflict resolution merges concurrent changes to
   different messages, including at the head of the queue, where BTree buckets refuse to
@@ -75,6 +77,7 @@ KIND_NAMES = {FIFO: "a FIFO queue (AckQueue)", LIFO: "a LIFO queue (AckLifoQueue
 
 PRIORITY_MAX = 1000
 DEFAULT_PRIORITY = 100
+LARGE_BODY = 4096           # bodies above this many bytes get a record of their own
 SEQ_BITS = 48
 SEQ_MASK = (1 << SEQ_BITS) - 1
 
@@ -180,8 +183,17 @@ class MessageRecord(Persistent):
     holder = None                         # the lease holding it in flight (shared queues)
 
 
+class Body(Persistent):
+    """The pickled item of a large message (see LARGE_BODY)."""
+
+    def __init__(self, data):
+        self.data = data
+
+
 class QueueRecord(Persistent):
     """One named queue: its messages, the indexes of where each one is, and its counters."""
+
+    bodies = None       # LOBTree seq -> Body, made by the first large message
 
     leased = None       # OOBTree lease id -> LOBTree, made by the first claim through a server
 
@@ -197,6 +209,23 @@ class QueueRecord(Persistent):
         self.delayed = LOBTree()
         self.next_seq = SeqCounter()
         self.counts = Counters()
+
+    def body_of(self, seq, msg):
+        """The pickled item of message seq (msg: its Msg)."""
+        return msg.body if msg.body is not None else self.bodies[seq].data
+
+    def add_message(self, seq, body, priority, sent_at):
+        if len(body) > LARGE_BODY:
+            if self.bodies is None:
+                self.bodies = LOBTree()
+            self.bodies[seq] = Body(body)
+            body = None
+        self.messages[seq] = Msg(body, priority, sent_at, 0, None, None, None)
+
+    def delete_message(self, seq):
+        del self.messages[seq]
+        if self.bodies is not None and seq in self.bodies:
+            del self.bodies[seq]
 
     def key_of(self, seq):
         """The store key of a message (its ready-set position)."""
@@ -275,11 +304,12 @@ class QueueRecord(Persistent):
         indexes; True if anything changed (the caller commits)."""
         changed = False
         if not isinstance(self.messages, MessageIndex):
-            messages = MessageIndex()
-            for seq, m in self.messages.items():
-                messages[seq] = Msg(m.body, m.priority, m.sent_at, m.receive_count,
-                                    m.first_received, m.last_received, None)
-            self.messages, changed = messages, True
+            old, self.messages, changed = self.messages, MessageIndex(), True
+            for seq, m in old.items():
+                self.add_message(seq, m.body, m.priority, m.sent_at)
+                self.messages[seq] = self.messages[seq]._replace(
+                    receive_count=m.receive_count, first_received=m.first_received,
+                    last_received=m.last_received)
         if not isinstance(self.ready, SegmentedIndex):
             ready = SegmentedIndex()
             for key in self.ready:
@@ -404,8 +434,7 @@ class Put(_Op):
             self.key = store_key(rec.kind, self.priority, self.seq)
         else:
             rec.next_seq.advance_past(self.seq)
-        rec.messages[self.seq] = Msg(self.body, self.priority, self.sent_at, 0, None, None,
-                                     None)
+        rec.add_message(self.seq, self.body, self.priority, self.sent_at)
         rec.make_ready(self.seq, self.key, self.visible_at)
         rec.counts.add(put=1)
 
@@ -435,7 +464,8 @@ class Claim(_Op):
         rec = _queue(root, self.name)
         if self.lease is not None:
             msg = rec.deliver(self.seq, self.deadline, self.lease, self.at)
-            self.result = (msg.body, msg.priority, msg.sent_at, msg.receive_count,
+            self.result = (rec.body_of(self.seq, msg), msg.priority, msg.sent_at,
+                           msg.receive_count,
                            msg.first_received, msg.last_received)
             return
         msg = rec.messages.get(self.seq)
@@ -514,7 +544,7 @@ class Ack(_Op):
         if self.seq not in rec.messages:
             return
         rec.detach(self.seq, self.key)
-        del rec.messages[self.seq]
+        rec.delete_message(self.seq)
         rec.counts.add(acked=1)
 
 

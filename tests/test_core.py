@@ -733,3 +733,24 @@ def test_a_queue_file_of_ackqueue_0_1_is_upgraded_on_open(tmp_path):
             q.ack(m)
         q.put("new")
         assert q.get_message().id == 4             # numbering goes on after the old seqs
+
+
+@pytest.mark.parametrize("cls", [AckQueue, ackqueue.AckPriorityQueue])
+def test_large_items_round_trip_and_leave_nothing_behind(tmp_path, cls):
+    """Items above store.LARGE_BODY get a record of their own; they keep their order,
+    survive a reopen, and their records go when they are acknowledged."""
+    from ackqueue import store
+    path = tmp_path / "big.fs"
+    items = [(i, bytes([i]) * (store.LARGE_BODY * 3)) for i in range(3)] + [(3, b"small")]
+    with cls(path=path) as q:
+        for item in items:
+            q.put(item)
+    with cls(path=path) as q:
+        got = [q.get(block=False) for _ in range(4)]
+        assert got == items
+        for item in got:
+            q.ack(item)
+        conn = q._database.db.open()
+        rec = conn.root()[store.ROOT_KEY].queues["default"]
+        assert len(rec.bodies) == 0 and len(rec.messages) == 0
+        conn.close()
