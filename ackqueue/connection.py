@@ -45,6 +45,7 @@ def _record_failed_thread(args):
 
 threading.excepthook = _record_failed_thread
 RELEASED_KEPT = 1024        # given-back deliveries remembered to explain a late ack
+UNREADABLE_DELAY = 60.0     # seconds a message whose item cannot be unpickled is set aside
 
 
 def dumps(item):
@@ -317,9 +318,12 @@ class QueueConnection:
         try:
             h.item = pickle.loads(h.meta.body)
         except Exception as exc:
-            state.give_back(h, "its body could not be unpickled")
+            # Set aside for a while, so that the messages behind it are still delivered
+            # (a process that has the item's class may read it later).
+            state.give_back(h, "its body could not be unpickled", UNREADABLE_DELAY)
             raise AckQueueError(
-                f"message {h.seq} of queue {state.name!r} cannot be unpickled: {exc!r}"
+                f"message {h.seq} of queue {state.name!r} cannot be unpickled: {exc!r}; "
+                f"it was given back, to be visible again in {UNREADABLE_DELAY:g} s"
             ) from exc
         self._holdings[h.token] = h
         if txn is not None:
@@ -348,9 +352,12 @@ class QueueConnection:
         if isinstance(x, Message):
             return x._holding if x.queue == self._state.name else None
         holdings = list(self._holdings.values())
-        for h in holdings:
-            if h.item is x:
-                return h
+        # Live deliveries first: an item that unpickles to a shared object (a small int,
+        # None) may name an older, given-back delivery of the same message too.
+        for live in (True, False):
+            for h in holdings:
+                if h.item is x and (h.released is None) == live:
+                    return h
         if isinstance(x, MessageId):
             for h in reversed(holdings):
                 if h.seq == x:

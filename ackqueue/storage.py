@@ -30,7 +30,7 @@ from ZODB.MappingStorage import MappingStorage
 from ZODB.POSException import ConflictError
 
 from .commit import Committer
-from .errors import NotAQueueFile, QueueLocked, ServerUnavailable
+from .errors import NotAQueueFile, QueueLocked, ServerUnavailable, StorageError
 from .lease import DEFAULT_LEASE_TIMEOUT, LeaseKeeper
 
 log = logging.getLogger(__name__)
@@ -217,13 +217,20 @@ class OSDurableFileStorage(FileStorage):
 
 
 def check_durability(durability):
+    if not isinstance(durability, str):
+        raise TypeError(f"durability must be a str, not {type(durability).__name__}")
     if durability not in DURABILITIES:
         raise ValueError(f"durability must be one of {DURABILITIES}, not {durability!r}")
     return durability
 
 
 def _open_file(path, durability="fsync"):
-    return ZODB.DB(open_file_storage(path, durability), pool_size=64, cache_size=20000)
+    storage = open_file_storage(path, durability)
+    try:
+        return ZODB.DB(storage, pool_size=64, cache_size=20000)
+    except BaseException:
+        storage.close()
+        raise
 
 
 def open_file_storage(path, durability="fsync"):
@@ -235,8 +242,9 @@ def open_file_storage(path, durability="fsync"):
             f"cannot create queue file {path!r}: directory {directory!r} does not exist")
     if os.path.isdir(path):
         raise IsADirectoryError(f"queue path {path!r} is a directory, not a queue file")
+    cls = FileStorage if check_durability(durability) == "fsync" else OSDurableFileStorage
+    had_tmp = os.path.exists(path + ".tmp")
     try:
-        cls = FileStorage if check_durability(durability) == "fsync" else OSDurableFileStorage
         storage = cls(path, create=not os.path.exists(path))
     except zc.lockfile.LockError:
         raise QueueLocked(
@@ -245,14 +253,20 @@ def open_file_storage(path, durability="fsync"):
             f"processes, serve the file (ackqueue server {path}) and open it as "
             "AckQueue(path='zeo://HOST:PORT')") from None
     except FileStorageFormatError:
-        _remove_stale_lock(path)
+        _remove_stale_lock(path, had_tmp)
         raise NotAQueueFile(
             f"{path!r} is not a ZODB FileStorage file, so it cannot hold a queue "
             "(choose another path; ackqueue never overwrites a file it does not recognise)"
         ) from None
     except PermissionError as exc:
+        _remove_stale_lock(path, had_tmp)
         raise PermissionError(exc.errno, f"cannot open queue file {path!r}: {exc.strerror}",
                               path) from None
+    except Exception as exc:
+        _remove_stale_lock(path, had_tmp)
+        raise StorageError(f"cannot open queue file {path!r}: it is damaged or unreadable "
+                           f"({type(exc).__name__}: {exc}); the file was left as it is"
+                           ) from exc
     return storage
 
 
@@ -265,14 +279,18 @@ def _lock_holder(path):
     return f" (pid {pid})" if pid else ""
 
 
-def _remove_stale_lock(path):
-    # FileStorage takes its lock before it reads the header; on a foreign file it raises
-    # without closing, leaving the lock held and a .lock file behind.  Lock files are
-    # released when their file object is garbage collected, so removing the file is safe.
-    try:
-        os.remove(path + ".lock")
-    except OSError:
-        pass
+def _remove_stale_lock(path, had_tmp=True):
+    # FileStorage takes its lock before it reads the file; when reading fails it raises
+    # without closing, leaving the lock held (until the half-made storage is garbage
+    # collected, which a kept exception delays) and a .lock file behind.  The lock is ours,
+    # so removing its file is safe, and the next open locks a fresh one.  The scratch
+    # .tmp file it made goes too, unless it was there before.
+    leftovers = [".lock"] if had_tmp else [".lock", ".tmp"]
+    for suffix in leftovers:
+        try:
+            os.remove(path + suffix)
+        except OSError:
+            pass
 
 
 def open_database(path=None, db=None, durability=None):
