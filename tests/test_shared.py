@@ -134,12 +134,12 @@ def test_visibility_deadline_and_delayed_nack_use_the_clock(server):
     clock = FakeClock()
     with AckQueue(path=server.url, name="deadline", clock=clock) as q:
         q.put("x")
-        item = q.get(visibility_timeout=10)
+        first = q.get_message(visibility_timeout=10)
         clock.now += 11
         again = q.get(timeout=WAIT)                # came back at its deadline
         assert again == "x"
         with pytest.raises(StaleAck):
-            q.ack(item)                            # the first delivery is stale
+            q.ack(first)                           # the first delivery is stale
         q.nack(again, delay=5)
         with pytest.raises(Empty):
             q.get(block=False)
