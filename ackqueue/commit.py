@@ -24,6 +24,7 @@ reconnected (ZEO reconnects by itself).  Its first attempt may have committed, s
 that ran into that are marked ``uncertain`` for their owners to interpret.
 """
 import collections
+import itertools
 import logging
 import random
 import threading
@@ -40,8 +41,8 @@ __all__ = ["Committer", "Ticket", "CommitterClosed"]
 
 log = logging.getLogger(__name__)
 
-CONFLICT_RETRIES = 60
-CONFLICT_BACKOFF = 0.02     # at most this long (random, growing) between conflict retries
+CONFLICT_PATIENCE = 30.0    # seconds of conflict retries before a unit fails
+CONFLICT_BACKOFF = 0.005    # at most this long (random, growing) between conflict retries
 DISCONNECT_RETRIES = 3      # each waits up to the client storage's wait_timeout
 
 
@@ -159,7 +160,8 @@ class Committer:
     def _try_commit(self, conn, tm, batch):
         """Apply and commit batch; return (None or the error, {ticket: Refused})."""
         error, disconnects = None, 0
-        for attempt in range(CONFLICT_RETRIES + DISCONNECT_RETRIES):
+        give_up = time.monotonic() + CONFLICT_PATIENCE
+        for attempt in itertools.count():
             refused = {}
             tm.begin()
             try:
@@ -175,10 +177,10 @@ class Committer:
                 self.conflicts += 1
                 self.conflicts_by_class[exc.class_name or "?"] += 1
                 error = exc
-                if attempt - disconnects >= CONFLICT_RETRIES - 1:
+                if time.monotonic() >= give_up:
                     break
                 # Writers that collided would collide again if they retried in step.
-                time.sleep(random.uniform(0, min(CONFLICT_BACKOFF, 0.001 * 2 ** attempt)))
+                time.sleep(random.uniform(0, min(CONFLICT_BACKOFF, 0.0005 * 2 ** attempt)))
                 continue
             except ClientDisconnected as exc:
                 tm.abort()

@@ -26,6 +26,7 @@ __all__ = ["SegmentedIndex", "Segment", "MessageIndex", "Msg"]
 
 _MISSING = object()
 _PROTOCOL = 4
+RETIRED = b"retired"       # the state of a segment that was emptied and unlinked
 
 
 class Segment(Persistent):
@@ -39,14 +40,29 @@ class Segment(Persistent):
     def __init__(self):
         self.data = {}
 
+    def retire(self):
+        """Mark the segment as unlinked from its index (see SegmentedIndex._unlink)."""
+        self.data = {}
+        self._p_changed = True
+
     def __getstate__(self):
+        if not self.data:
+            # A segment is only ever written empty when its index unlinks it (retire());
+            # its state says so, and a merge with a concurrent change must not revive it.
+            return RETIRED
         return pickle.dumps(self.data, protocol=_PROTOCOL)
 
     def __setstate__(self, state):
-        self.data = pickle.loads(state) if isinstance(state, bytes) else dict(state)
+        if state == RETIRED:
+            self.data = {}
+        else:
+            self.data = pickle.loads(state) if isinstance(state, bytes) else dict(state)
 
     def _p_resolveConflict(self, old, committed, new):
-        old, committed, new = (pickle.loads(s) if isinstance(s, bytes) else s
+        if RETIRED in (committed, new):
+            raise ConflictError("a queue index segment was retired by a concurrent commit")
+        old, committed, new = ({} if s == RETIRED else
+                               pickle.loads(s) if isinstance(s, bytes) else s
                                for s in (old, committed, new))
         merged = {}
         for key in old.keys() | committed.keys() | new.keys():
@@ -113,7 +129,14 @@ class SegmentedIndex(Persistent):
         if data:
             segment.data = data
         else:
-            del self.segments[key >> self.bits]
+            self._unlink(key >> self.bits, segment)
+
+    def _unlink(self, number, segment):
+        # The segment is written too, as retired: a concurrent transaction that adds to it
+        # (it still sees it linked) then conflicts with this one instead of adding a key
+        # to a segment nothing refers to any more.
+        segment.retire()
+        del self.segments[number]
 
     # -- set ------------------------------------------------------------------------------
 
@@ -165,7 +188,7 @@ class SegmentedIndex(Persistent):
             if not segment.data:
                 empty.append(number)
         for number in empty:
-            del self.segments[number]
+            self._unlink(number, self.segments[number])
         return len(empty)
 
     def has_empty_head(self):

@@ -44,6 +44,7 @@ __all__ = ["SharedQueueState"]
 SCAN_INTERVAL = 1.0         # how often the store is scanned for others' expired deliveries
 WAIT_RECHECK = 1.0          # a waiting get looks at the store at least this often
 SPREAD_MAX = 32             # how many ready messages a contended claim may choose among
+NONBLOCKING_TRIES = 16      # lost races after which get(block=False) gives up (Empty)
 
 
 class SharedQueueState(QueueState):
@@ -137,6 +138,7 @@ class SharedQueueState(QueueState):
         """Claim the next ready message for holder in the store, waiting as queue.Queue.get
         does, and return its Holding.  The claim is durable before this returns."""
         endtime = None if (timeout is None or not block) else monotonic() + timeout
+        lost = 0
         while True:
             with self.not_empty:
                 self._expire()
@@ -152,7 +154,12 @@ class SharedQueueState(QueueState):
                 with self.mutex:
                     self._claiming.discard(seq)
                     self.claims_lost += 1
+                    lost += 1
                     self._spread = min(self._spread * 2, SPREAD_MAX)
+                # Lost races count against the caller's timeout like waiting does.
+                if (endtime is not None and monotonic() >= endtime) or (
+                        not block and lost >= NONBLOCKING_TRIES):
+                    raise Empty
                 continue
             except BaseException:
                 with self.mutex:
@@ -376,6 +383,8 @@ class SharedQueueState(QueueState):
         """Give back deliveries the store says this process holds but no thread here does
         (a claim whose outcome a lost connection hid)."""
         with self.mutex:
+            if self.stopped:
+                return
             rec = self._record()
             for seq in list(rec.leased_by(lease_id) or ()):
                 if seq not in self.inflight and seq not in self._claiming:
@@ -384,6 +393,8 @@ class SharedQueueState(QueueState):
     def lease_lost(self, why):
         """Others expired this process's lease: forget deliveries they gave back."""
         with self.mutex:
+            if self.stopped:
+                return
             rec = self._record()
             for seq, h in list(self.inflight.items()):
                 msg = rec.messages.get(seq)

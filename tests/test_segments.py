@@ -1,0 +1,65 @@
+"""The merging index under the queue: real ZODB commits from two connections at once."""
+import pytest
+import transaction
+import ZODB
+from ZODB.FileStorage import FileStorage
+from ZODB.POSException import ConflictError
+
+from ackqueue.segments import SegmentedIndex
+
+
+@pytest.fixture
+def two(tmp_path):
+    """Two connections of one FileStorage database, each with its own transaction."""
+    db = ZODB.DB(FileStorage(str(tmp_path / "seg.fs")))
+    with db.transaction() as conn:
+        conn.root()["index"] = index = SegmentedIndex(bits=3)
+        for key in (1, 2, 3, 9):
+            index.add(key)
+    managers = [transaction.TransactionManager() for _ in range(2)]
+    conns = [db.open(transaction_manager=tm) for tm in managers]
+    yield [(tm, conn.root()["index"]) for tm, conn in zip(managers, conns)]
+    for tm in managers:
+        tm.abort()
+    db.close()
+
+
+def keys_after(pair):
+    tm, index = pair
+    tm.begin()
+    return list(index)
+
+
+def test_concurrent_changes_to_different_keys_merge_even_at_the_head(two):
+    (tm_a, a), (tm_b, b) = two
+    a.remove(1)                  # the first key: a BTree bucket refuses this merge
+    b.remove(2)
+    b.add(4)
+    tm_a.commit()
+    tm_b.commit()
+    assert keys_after(two[0]) == [3, 4, 9]
+
+
+def test_two_removals_of_one_key_conflict(two):
+    (tm_a, a), (tm_b, b) = two
+    a.remove(1)
+    b.remove(1)
+    tm_a.commit()
+    with pytest.raises(ConflictError):
+        tm_b.commit()
+
+
+def test_a_key_added_to_a_segment_emptied_meanwhile_is_not_lost(two):
+    """One transaction empties a segment (unlinking it from the index) while another adds
+    to it: the second must conflict, and its retry must land the key where it is found."""
+    (tm_a, a), (tm_b, b) = two
+    a.remove(9)                  # segment 1 (keys 8-15) becomes empty and is unlinked
+    b.add(10)                    # into segment 1, as b still sees it
+    tm_a.commit()
+    with pytest.raises(ConflictError):
+        tm_b.commit()
+    tm_b.abort()
+    tm_b.begin()
+    b.add(10)
+    tm_b.commit()
+    assert keys_after(two[0]) == [1, 2, 3, 10]
