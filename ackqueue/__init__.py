@@ -10,10 +10,11 @@ queue only when acknowledged (ack() or task_done()); otherwise it comes back.
 from queue import Empty, Full
 
 from .connection import QueueConnection
-from .errors import (AckQueueError, NotAQueueFile, NotHeld, QueueKindMismatch, QueueLocked,
-                     ServerUnavailable, ShutDown, StaleAck, StorageError, UnpicklableItem)
+from .errors import (AckQueueError, DuplicateMessage, NotAQueueFile, NotHeld,
+                     QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
+                     StorageError, UnpicklableItem)
 from .message import Message, MessageId
-from .queue import AckLifoQueue, AckPriorityQueue, AckQueue
+from .queue import AckLifoQueue, AckPriorityQueue, AckQueue, queues
 
 __version__ = "0.1.0"
 
@@ -21,5 +22,5 @@ __all__ = [
     "AckQueue", "AckLifoQueue", "AckPriorityQueue", "QueueConnection", "Message",
     "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
-    "ServerUnavailable",
+    "ServerUnavailable", "DuplicateMessage", "queues",
 ]

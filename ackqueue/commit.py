@@ -143,6 +143,10 @@ class Committer:
                 log.exception("ackqueue: closing the committer's connection failed")
 
     def _commit_group(self, conn, tm, batch):
+        if not any(ticket.ops for ticket in batch):
+            for ticket in batch:          # barriers only: everything before them is in
+                ticket._settle(None)
+            return
         error, refused = self._try_commit(conn, tm, batch)
         if error is None:
             for ticket in batch:

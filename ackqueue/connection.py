@@ -18,14 +18,15 @@ store changes are written, just before it commits, through the application's own
 import pickle
 import threading
 import weakref
+from queue import Empty
 
 import transaction
 from ZODB.Connection import Connection as _ZODBConnection
 
 from . import store
-from .errors import AckQueueError, NotHeld, StaleAck, UnpicklableItem
+from .errors import AckQueueError, DuplicateMessage, NotHeld, StaleAck, UnpicklableItem
 from .message import Message, MessageId
-from .state import Meta, check_timeout
+from .state import DEFAULT_PUT, Meta, check_timeout
 
 __all__ = ["QueueConnection", "TransactionBlock"]
 
@@ -259,13 +260,31 @@ class QueueConnection:
 
     # -- put ------------------------------------------------------------------------------
 
-    def put(self, item, block=True, timeout=None):
-        """Put item; returns once it is durable (or, in a transaction, once recorded)."""
-        check_timeout(timeout)
-        body = dumps(item)
-        self._put_bodies([(item, body)], block, timeout)
+    def put(self, item, block=True, timeout=None, *, opts=DEFAULT_PUT, dedup_id=None):
+        """Put item; returns once it is durable (or, in a transaction, once recorded).
+        opts: a state.PutOptions (priority, delay, retention, attributes)."""
+        self.put_many([item], block, timeout, opts=opts, dedup_ids=[dedup_id])
 
-    def _put_bodies(self, pairs, block, timeout):
+    def put_many(self, items, block=True, timeout=None, *, opts=DEFAULT_PUT,
+                 dedup_ids=None):
+        """Put items in one commit; returns their MessageIds (None for ids a server gives
+        only when a transaction block commits)."""
+        check_timeout(timeout)
+        pairs = [(item, dumps(item)) for item in items]
+        if dedup_ids is None:
+            dedup_ids = [None] * len(pairs)
+        seen = set()
+        for dedup_id in dedup_ids:
+            if dedup_id is not None:
+                if dedup_id in seen:
+                    raise DuplicateMessage(f"dedup_id {dedup_id!r} appears twice in one "
+                                           "put_many(); nothing was put")
+                seen.add(dedup_id)
+        if not pairs:
+            return []
+        return self._put_bodies(pairs, block, timeout, opts, dedup_ids)
+
+    def _put_bodies(self, pairs, block, timeout, opts=DEFAULT_PUT, dedup_ids=None):
         state = self._state
         if state.kind == store.VALUE:
             pairs = [(pickle.loads(body), body) for _, body in pairs]   # a private copy
@@ -273,15 +292,15 @@ class QueueConnection:
         seqs = state.reserve_put(self._front, len(pairs), block, timeout)
         now = state.clock()
         ops, entries = [], []
-        for seq, (item, body) in zip(seqs, pairs):
-            op, entry = state.new_message(seq, item, body, now)
+        for seq, (item, body), dedup_id in zip(seqs, pairs, dedup_ids or [None] * len(pairs)):
+            op, entry = state.new_message(seq, item, body, now, opts, dedup_id)
             ops.append(op)
             entries.append(entry)
         txn = self._transaction_block()
         if txn is not None:
             txn.put_ops.extend(ops)
             txn.put_entries.extend(entries)
-            return
+            return [None if op.seq is None else MessageId(op.seq) for op in ops]
         try:
             ticket = state.committer.submit(
                 ops, on_commit=lambda: state.puts_committed(entries),
@@ -290,20 +309,57 @@ class QueueConnection:
             state.unreserve(len(entries))
             raise
         ticket.wait()
+        return [MessageId(op.seq) for op in ops]
 
     # -- get ------------------------------------------------------------------------------
 
-    def get(self, block=True, timeout=None, *, visibility_timeout=DEFAULT):
+    def get(self, block=True, timeout=None, *, visibility_timeout=DEFAULT, shuffle=False,
+            policy=None):
         """Receive the next item; it stays in flight until acknowledged."""
-        return self._receive(block, timeout, visibility_timeout).item
+        return self._receive(block, timeout, visibility_timeout, shuffle, policy).item
 
-    def get_message(self, block=True, timeout=None, *, visibility_timeout=DEFAULT):
+    def get_message(self, block=True, timeout=None, *, visibility_timeout=DEFAULT,
+                    shuffle=False, policy=None):
         """Like get(), but return a Message (id, body, receive_count, sent_at, deadline)."""
-        h = self._receive(block, timeout, visibility_timeout)
-        return Message(MessageId(h.seq), h.item, h.receive_count, h.meta.sent_at,
-                       h.deadline, h.meta.priority, self._state.name, h)
+        return self._message(self._receive(block, timeout, visibility_timeout, shuffle,
+                                           policy))
 
-    def _receive(self, block, timeout, visibility_timeout):
+    def get_many(self, n, block=True, timeout=None, *, visibility_timeout=DEFAULT,
+                 shuffle=False, policy=None, messages=False):
+        """Receive 1 to n items: waits (as get does) for the first, then takes what else
+        is ready, up to n.  Their claims share one commit."""
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"n must be an int, not {type(n).__name__}")
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        got = [self._receive(block, timeout, visibility_timeout, shuffle, policy)]
+        while len(got) < n:
+            try:
+                got.append(self._receive(False, None, visibility_timeout, shuffle, policy))
+            except Empty:
+                break
+        return [self._message(h) for h in got] if messages else [h.item for h in got]
+
+    def _message(self, h):
+        meta = h.meta
+        return Message(MessageId(h.seq), h.item, h.receive_count, meta.sent_at, h.deadline,
+                       meta.priority, self._state.name, dict(meta.attributes or ()),
+                       meta.first_received, meta.last_received, meta.sequence or h.seq,
+                       meta.source, _holding=h)
+
+    def peek(self):
+        """The Message the next get would receive, without receiving it; None if none."""
+        self._check_thread()
+        found = self._state.peek(self._load_meta)
+        if found is None:
+            return None
+        seq, meta = found
+        return Message(MessageId(seq), pickle.loads(meta.body), meta.receive_count,
+                       meta.sent_at, None, meta.priority, self._state.name,
+                       dict(meta.attributes or ()), meta.first_received, meta.last_received,
+                       meta.sequence or seq, meta.source)
+
+    def _receive(self, block, timeout, visibility_timeout, shuffle=False, policy=None):
         self._check_thread()
         check_timeout(timeout)
         if visibility_timeout is DEFAULT:
@@ -314,7 +370,15 @@ class QueueConnection:
         txn = self._transaction_block()
         state = self._state
         h = state.claim(self._front, self, block, timeout, visibility_timeout,
-                        self._load_meta, record=not isinstance(txn, _AppTransactionBlock))
+                        self._load_meta, record=not isinstance(txn, _AppTransactionBlock),
+                        shuffle=shuffle, policy=policy)
+        if h.claim_ticket is not None:
+            # A dead-letter policy counts crashes too: the receive is durable first.
+            try:
+                h.claim_ticket.wait()
+            except BaseException:
+                state.give_back(h, "its receive could not be recorded")
+                raise
         try:
             h.item = pickle.loads(h.meta.body)
         except Exception as exc:
@@ -334,16 +398,18 @@ class QueueConnection:
     def _load_meta(self, seq):
         """Read a message that is not in memory (called with the state's mutex held)."""
         if self._zconn is None:
-            self._tm = transaction.TransactionManager()
-            self._zconn = self._state.database.db.open(transaction_manager=self._tm)
+            self._load_meta_connection()
         self._tm.begin()
         try:
             rec = self._zconn.root()[store.ROOT_KEY].queues[self._state.name]
             m = rec.messages[seq]
-            return Meta(rec.body_of(seq, m), m.priority, m.sent_at, m.receive_count, m.first_received,
-                        m.last_received)
+            return Meta.from_msg(m, rec.body_of(seq, m))
         finally:
             self._tm.abort()
+
+    def _load_meta_connection(self):
+        self._tm = transaction.TransactionManager()
+        self._zconn = self._state.database.db.open(transaction_manager=self._tm)
 
     # -- ack, nack, task_done -------------------------------------------------------------
 
@@ -367,6 +433,31 @@ class QueueConnection:
     def ack(self, x):
         """Acknowledge: the message leaves the queue for good (durable when this returns)."""
         self.ack_holding(self._require(x))
+
+    def ack_many_holdings(self, holdings):
+        """Acknowledge many deliveries in one commit: all, or (StaleAck) none."""
+        self._state.acknowledging = True
+        txn = self._transaction_block()
+        if txn is not None:
+            with self._state.mutex:
+                for h in holdings:
+                    self._state.check_current(h)
+            for h in holdings:
+                if h not in txn.got and h not in txn.acks:
+                    txn.acks.append(h)
+            return
+        try:
+            self._state.ack_many(holdings)
+        finally:
+            _forget([h for h in holdings if h.released is not None])
+
+    def change_visibility_holding(self, h, seconds):
+        check_timeout(abs(seconds) if isinstance(seconds, (int, float)) and
+                      not isinstance(seconds, bool) else seconds, "seconds")
+        self._state.acknowledging = True
+        if seconds <= 0 and h.txn is not None and h in h.txn.got:
+            h.txn.got.remove(h)
+        self._state.change_visibility(h, seconds)
 
     def ack_holding(self, h):
         """Acknowledge h (which may be another connection's), in this thread's transaction
@@ -424,6 +515,29 @@ class QueueConnection:
         released = [t for t, h in self._holdings.items() if h.released is not None]
         for token in released[:max(0, len(released) - RELEASED_KEPT)]:
             del self._holdings[token]
+
+    # -- dead letters ---------------------------------------------------------------------
+
+    def redrive(self, to=None):
+        """Move the queue's ready dead letters back to their queues (or to ``to``)."""
+        self._check_thread()
+        state = self._state
+        if not state.database.exclusive:
+            return state.redrive(None, to, None)
+        names = {to} if to else self._dead_letter_sources()
+        targets = {name: state.database.state(name, None, state.clock) for name in names}
+        return state.redrive(targets, to, self._load_meta)
+
+    def _dead_letter_sources(self):
+        """The queues this queue's messages were dead-lettered from (as the store says)."""
+        if self._zconn is None:
+            self._load_meta_connection()
+        self._tm.begin()
+        try:
+            rec = self._zconn.root()[store.ROOT_KEY].queues[self._state.name]
+            return {msg.source for _, msg in rec.messages.items() if msg.source}
+        finally:
+            self._tm.abort()
 
     # -- transactions ---------------------------------------------------------------------
 

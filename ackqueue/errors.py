@@ -5,7 +5,7 @@ import queue as _stdlib_queue
 __all__ = [
     "AckQueueError", "ShutDown", "StaleAck", "NotHeld", "UnpicklableItem",
     "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch", "ServerUnavailable",
-    "Refused",
+    "Refused", "DuplicateMessage",
 ]
 
 
@@ -23,6 +23,11 @@ if ShutDown is None:  # pragma: no cover - depends on the running Python
 class Refused(AckQueueError):
     """A store operation found the store other than it expected (a message already claimed,
     acknowledged or given back by another process) and wrote nothing."""
+
+
+class DuplicateMessage(Refused):
+    """put() with a dedup_id already used in the same queue within its dedup window (even if
+    that first message was acknowledged since).  Nothing was put."""
 
 
 class NotHeld(AckQueueError, ValueError):

@@ -18,24 +18,98 @@ What differs from queue.Queue, by design:
 - join() waits until every message put has been acknowledged, including messages left by
   an earlier process.
 """
+import math
 import queue as _stdlib_queue
 import threading
 import time
 import weakref
 
+import transaction
+
 from . import store
 from .connection import QueueConnection, check_visibility
 from .errors import NotHeld, QueueKindMismatch
+from .message import Message
+from .state import DeadLetterPolicy, PutOptions
 from .storage import open_database
 
-__all__ = ["AckQueue", "AckLifoQueue", "AckPriorityQueue"]
+__all__ = ["AckQueue", "AckLifoQueue", "AckPriorityQueue", "queues"]
+
+MAX_ATTRIBUTES = 10
+MAX_DEDUP_ID = 128
+_UNSET = object()
+
+
+def _seconds(value, what, *, positive=False, allow_none=False):
+    """A number of seconds: not a bool, not NaN, not negative (or zero, with positive)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    if math.isnan(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{what} must be a {'positive' if positive else 'non-negative'} "
+                         f"number of seconds, not {value!r}")
+    return float(value)
+
+
+def _retention(value):
+    value = _seconds(value, "retention", positive=True)
+    if value > store.MAX_RETENTION:
+        raise ValueError(f"retention can be at most {store.MAX_RETENTION:g} s (14 days), "
+                         f"not {value:g}")
+    return value
+
+
+def _priority(value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"priority must be an int, not {type(value).__name__}")
+    if not 0 <= value <= store.PRIORITY_MAX:
+        raise ValueError(f"priority must be between 0 and {store.PRIORITY_MAX}, not {value}")
+    return value
+
+
+def _attributes(value):
+    """A dict of at most MAX_ATTRIBUTES str -> str, as a sorted tuple of pairs (or None)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"attributes must be a dict of str to str, not "
+                        f"{type(value).__name__}")
+    if len(value) > MAX_ATTRIBUTES:
+        raise ValueError(f"at most {MAX_ATTRIBUTES} attributes, not {len(value)}")
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(f"attributes must map str to str, not {type(k).__name__} to "
+                            f"{type(v).__name__}")
+    return tuple(sorted(value.items())) or None
+
+
+def _dedup_id(value):
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"dedup_id must be a str, not {type(value).__name__}")
+    if not 0 < len(value) <= MAX_DEDUP_ID:
+        raise ValueError(f"dedup_id must have 1 to {MAX_DEDUP_ID} characters")
+    return value
+
+
+def _max_receives(value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_receives must be an int or None, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError("max_receives must be at least 1")
+    return value
 
 
 class AckQueue(_stdlib_queue.Queue):
     """A persistent, acknowledging FIFO queue with queue.Queue's interface.
 
     AckQueue(maxsize=0, *, path=None, db=None, name="default", visibility_timeout=None,
-    clock=None)
+    clock=None, thread_exit="auto", durability=None, lifo=False, max_receives=None,
+    dead_letter=None, retention=None, dedup_window=300, autopack=None)
 
     - no path and no db: an in-memory ZODB storage (same semantics, nothing survives);
     - path="jobs.fs": a ZODB FileStorage file, created if missing;
@@ -49,13 +123,26 @@ class AckQueue(_stdlib_queue.Queue):
       a process crash but the latest ones may be lost to a power cut or an OS crash;
     - thread_exit: "auto" gives back what an ended thread held if it died of an exception
       or once the program acknowledges on this queue (plain queue.Queue code that never
-      acknowledges keeps queue.Queue's final gets); "give_back" always gives it back.
+      acknowledges keeps queue.Queue's final gets); "give_back" always gives it back;
+    - lifo: last put, first got (what AckLifoQueue is);
+    - max_receives, dead_letter: a message received max_receives times without an ack is
+      moved, at the get that would deliver it once more, to the queue named dead_letter
+      (in the same storage), or dropped (and counted) without one.  With max_receives set,
+      get() makes the receive count durable before it returns, so a message that kills its
+      process on every delivery is caught too;
+    - retention: seconds a message may wait unprocessed before it expires (default 4 days,
+      at most 14; a put can set its own);
+    - dedup_window: seconds during which a second put with the same dedup_id is refused;
+    - autopack: pack the storage when its file has grown by this many bytes (True: a
+      default), in a background thread (see pack()).
     """
 
     _kind = store.FIFO
 
     def __init__(self, maxsize=0, *, path=None, db=None, name="default",
-                 visibility_timeout=None, clock=None, thread_exit="auto", durability=None):
+                 visibility_timeout=None, clock=None, thread_exit="auto", durability=None,
+                 lifo=False, max_receives=None, dead_letter=None, retention=None,
+                 dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -65,6 +152,26 @@ class AckQueue(_stdlib_queue.Queue):
             raise ValueError("thread_exit must be 'auto' or 'give_back'")
         if clock is not None and not callable(clock):
             raise TypeError("clock must be a callable returning seconds")
+        if lifo not in (False, True):
+            raise TypeError("lifo must be True or False")
+        kind = self._kind
+        if lifo and kind != store.LIFO:
+            if kind == store.VALUE:
+                raise ValueError("a priority queue orders by item value; it cannot be lifo")
+            kind = store.LIFO
+        self.max_receives = _max_receives(max_receives)
+        if dead_letter is not None:
+            if not isinstance(dead_letter, str) or not dead_letter:
+                raise TypeError("dead_letter must be the name (str) of another queue")
+            if dead_letter == name:
+                raise ValueError("a queue cannot be its own dead-letter queue")
+        self.dead_letter = dead_letter
+        self.retention = (store.DEFAULT_RETENTION if retention is None
+                          else _retention(retention))
+        self.dedup_window = _seconds(dedup_window, "dedup_window")
+        if autopack is not None:
+            from .maintenance import autopack_threshold
+            autopack = autopack_threshold(autopack)
         self.maxsize = maxsize
         self.name = name
         self.is_shutdown = False
@@ -72,14 +179,17 @@ class AckQueue(_stdlib_queue.Queue):
         self._closed = False
         self._local = threading.local()
         self._connections = weakref.WeakSet()
+        self._clock = clock = clock or time.time
         self._database = open_database(path, db, durability)
         try:
-            kind, clock = self._kind, clock or time.time
             self._state = self._database.state(name, kind, clock)
             if self._state.kind != kind:
                 raise QueueKindMismatch(
                     f"queue {name!r} is open in this process as "
                     f"{store.KIND_NAMES[self._state.kind]}; open it with that class")
+            self._policy = self._dead_letter_policy(self.max_receives, self.dead_letter)
+            if autopack is not None:
+                self._database.enable_autopack(autopack)
         except BaseException:
             self._database._release()
             raise
@@ -91,6 +201,13 @@ class AckQueue(_stdlib_queue.Queue):
         self.not_empty = self._state.not_empty
         self.not_full = self._state.not_full
         self.all_tasks_done = self._state.all_tasks_done
+
+    @property
+    def db(self):
+        """The ZODB database under this queue.  AckQueue(db=q.db, name="other") opens
+        another named queue of the same storage (for an in-memory queue, the only way to
+        reach its dead-letter queue)."""
+        return self._database.db
 
     def __repr__(self):
         state = "closed" if self._closed else f"on {self._database.description}"
@@ -126,31 +243,154 @@ class AckQueue(_stdlib_queue.Queue):
         with self.mutex:
             return self._state.unfinished()
 
-    def put(self, item, block=True, timeout=None):
+    def put(self, item, block=True, timeout=None, *, priority=store.DEFAULT_PRIORITY,
+            delay=0, retention=None, dedup_id=None, attributes=None):
         """Put item into the queue; returns once it is durable.
 
         Blocks (or raises queue.Full) as queue.Queue.put does when maxsize is reached.
-        Raises UnpicklableItem (a TypeError) if item cannot be pickled."""
-        self._conn().put(item, block, timeout)
+        Raises UnpicklableItem (a TypeError) if item cannot be pickled.  Keyword options:
+        priority (0 to 1000, higher first, FIFO within a level; default 100), delay
+        (seconds before it becomes visible), retention (seconds until it expires
+        unprocessed; the queue's retention by default, at most 14 days), dedup_id (a str:
+        a second put with it within the queue's dedup window raises DuplicateMessage, even
+        after the first was acknowledged), attributes (up to 10 str: str pairs, returned on
+        the Message)."""
+        self._conn().put(item, block, timeout,
+                         opts=self._put_options(priority, delay, retention, attributes),
+                         dedup_id=_dedup_id(dedup_id))
 
-    def get(self, block=True, timeout=None, *, visibility_timeout=...):
+    def put_many(self, items, block=True, timeout=None, *, priority=store.DEFAULT_PRIORITY,
+                 delay=0, retention=None, dedup_ids=None, attributes=None):
+        """Put every item of items in one commit (all or nothing) and return their
+        MessageIds.  Options as put(), for every item; dedup_ids: None or one dedup id (or
+        None) per item.  With maxsize, waits for room for all of them at once."""
+        items = list(items)
+        if dedup_ids is not None:
+            dedup_ids = [_dedup_id(d) for d in dedup_ids]
+            if len(dedup_ids) != len(items):
+                raise ValueError(f"dedup_ids has {len(dedup_ids)} entries for "
+                                 f"{len(items)} items")
+        return self._conn().put_many(
+            items, block, timeout, opts=self._put_options(priority, delay, retention,
+                                                          attributes),
+            dedup_ids=dedup_ids)
+
+    def _put_options(self, priority, delay, retention, attributes):
+        return PutOptions(_priority(priority), _seconds(delay, "delay"),
+                          self.retention if retention is None else _retention(retention),
+                          _attributes(attributes), self.dedup_window)
+
+    def get(self, block=True, timeout=None, *, visibility_timeout=..., shuffle=False,
+            max_receives=_UNSET, dead_letter=_UNSET):
         """Remove and return an item, as queue.Queue.get does; it stays in flight, held by
-        the calling thread, until acknowledged with ack() or task_done()."""
-        if visibility_timeout is ...:
-            visibility_timeout = self.visibility_timeout
-        return self._conn().get(block, timeout, visibility_timeout=visibility_timeout)
+        the calling thread, until acknowledged with ack() or task_done().  shuffle takes a
+        random ready item; max_receives and dead_letter override the queue's policy."""
+        return self._conn().get(block, timeout, **self._get_options(
+            visibility_timeout, shuffle, max_receives, dead_letter))
 
-    def get_message(self, block=True, timeout=None, *, visibility_timeout=...):
-        """Like get(), but return a Message (id, body, receive_count, sent_at, deadline)."""
+    def get_message(self, block=True, timeout=None, *, visibility_timeout=..., shuffle=False,
+                    max_receives=_UNSET, dead_letter=_UNSET):
+        """Like get(), but return a Message (id, body, receive_count, sent_at, deadline,
+        attributes, ...)."""
+        return self._conn().get_message(block, timeout, **self._get_options(
+            visibility_timeout, shuffle, max_receives, dead_letter))
+
+    def get_many(self, n, block=True, timeout=None, *, visibility_timeout=..., shuffle=False):
+        """Receive 1 to n items: wait (as get does) for one, then take what else is ready,
+        up to n.  Raises queue.Empty as get does when none comes."""
+        return self._conn().get_many(n, block, timeout, **self._get_options(
+            visibility_timeout, shuffle, _UNSET, _UNSET))
+
+    def get_messages(self, n, block=True, timeout=None, *, visibility_timeout=...,
+                     shuffle=False):
+        """Like get_many(), but return Messages."""
+        return self._conn().get_many(n, block, timeout, messages=True, **self._get_options(
+            visibility_timeout, shuffle, _UNSET, _UNSET))
+
+    def _get_options(self, visibility_timeout, shuffle, max_receives, dead_letter):
         if visibility_timeout is ...:
             visibility_timeout = self.visibility_timeout
-        return self._conn().get_message(block, timeout, visibility_timeout=visibility_timeout)
+        if shuffle not in (False, True):
+            raise TypeError("shuffle must be True or False")
+        policy = self._policy
+        if max_receives is not _UNSET or dead_letter is not _UNSET:
+            mr = self.max_receives if max_receives is _UNSET else _max_receives(max_receives)
+            dl = self.dead_letter if dead_letter is _UNSET else dead_letter
+            if dl is not None and (not isinstance(dl, str) or not dl or dl == self.name):
+                raise ValueError("dead_letter must name another queue of this storage")
+            policy = self._dead_letter_policy(mr, dl)
+        return {"visibility_timeout": visibility_timeout, "shuffle": shuffle,
+                "policy": policy}
+
+    def _dead_letter_policy(self, max_receives, dead_letter):
+        if max_receives is None:
+            return None
+        target_state = None
+        if dead_letter is not None and self._database.exclusive:
+            # This process numbers the dead-letter queue's messages: its state must be live.
+            target_state = self._database.state(dead_letter, None, self._clock)
+        return DeadLetterPolicy(max_receives, dead_letter, target_state)
+
+    def peek(self):
+        """The Message the next get() would receive (None if nothing is ready), without
+        receiving it: nothing changes."""
+        return self._conn().peek()
 
     def ack(self, item):
         """Acknowledge a received item (the object get returned, a Message, or its id): it
         leaves the queue for good.  Durable when this returns.  Raises StaleAck if the
         delivery was given back meanwhile (its message may be held by someone else)."""
         self._conn().ack_holding(self._find(item))
+
+    def ack_many(self, items):
+        """Acknowledge many received items in one commit: all of them, or (NotHeld,
+        StaleAck) none."""
+        holdings = []
+        for item in items:
+            h = self._find(item)
+            if h not in holdings:
+                holdings.append(h)
+        if holdings:
+            self._conn().ack_many_holdings(holdings)
+
+    def change_visibility(self, item, seconds):
+        """Give a received item a new visibility deadline, seconds from now; with seconds
+        0 or less give it back now.  StaleAck if it was given back meanwhile."""
+        self._conn().change_visibility_holding(self._find(item), seconds)
+
+    # -- counts and maintenance -----------------------------------------------------------
+
+    def counts(self):
+        """{"ready", "in_flight", "delayed"}: the queue's current sizes."""
+        return self._state.counts()
+
+    def stats(self):
+        """counts() and the queue's lifetime totals: put, acked, redelivered, given_back,
+        dead_lettered (moved or dropped), dropped, expired, purged, moved_in, redriven."""
+        result = self.counts()
+        result.update(self._state.totals())
+        return result
+
+    def purge(self):
+        """Remove every ready and delayed message (in-flight ones stay, and can still be
+        acknowledged); returns how many were removed."""
+        self._check_open()
+        return self._state.purge()
+
+    def redrive(self, *, to=None):
+        """Move this queue's ready dead letters back to the queue each came from (or to the
+        queue named to), where they start a new receive count; returns how many moved."""
+        self._check_open()
+        if to is not None and (not isinstance(to, str) or not to or to == self.name):
+            raise ValueError("to must name another queue of this storage")
+        return self._conn().redrive(to)
+
+    def pack(self, keep_seconds=0.0):
+        """Pack the storage (ZODB pack) while the queue stays in use: acknowledged messages
+        and old revisions go, and the file shrinks.  Returns a maintenance.PackReport."""
+        from .maintenance import pack
+        self._check_open()
+        return pack(self._database, keep_seconds=keep_seconds)
 
     def nack(self, item, delay=0):
         """Give a received item back now (or after delay seconds), at its original place."""
@@ -235,6 +475,9 @@ class AckQueue(_stdlib_queue.Queue):
     # -- helpers --------------------------------------------------------------------------
 
     def _find(self, item):
+        if isinstance(item, Message) and item._holding is None:
+            raise NotHeld(f"{item!r} was peeked, not received: there is nothing to "
+                          "acknowledge")
         own = self._conn()
         for conn in [own] + [c for c in list(self._connections) if c is not own]:
             h = conn.find(item)
@@ -256,3 +499,30 @@ class AckPriorityQueue(AckQueue):
 
     _kind = store.VALUE
 
+
+
+def queues(path_or_db=None):
+    """Every named queue of a storage (a file path, a zeo:// URL or a ZODB.DB) with its
+    counts: {name: {"ready": r, "in_flight": f, "delayed": d}}, as its store records them."""
+    if isinstance(path_or_db, str) or path_or_db is None or hasattr(path_or_db, "__fspath__"):
+        database = open_database(path_or_db, None, None)
+    else:
+        database = open_database(None, path_or_db, None)
+    try:
+        database.committer.submit([]).wait()      # what this process wrote is in the store
+        tm = transaction.TransactionManager()
+        conn = database.db.open(transaction_manager=tm)
+        try:
+            tm.begin()
+            catalog = conn.root().get(store.ROOT_KEY)
+            result = {}
+            for name, rec in (catalog.queues.items() if catalog is not None else ()):
+                c = rec.counts
+                result[name] = {"ready": c.get("ready"), "in_flight": c.get("inflight"),
+                                "delayed": c.get("delayed")}
+            tm.abort()
+            return result
+        finally:
+            conn.close()
+    finally:
+        database._release()

@@ -37,23 +37,26 @@ class Segment(Persistent):
     and value, which is most of what a commit costs.  Values must therefore be plain data
     (no persistent objects).  Concurrent changes merge key by key (see _p_resolveConflict)."""
 
+    retired = False
+
     def __init__(self):
         self.data = {}
 
     def retire(self):
         """Mark the segment as unlinked from its index (see SegmentedIndex._unlink)."""
         self.data = {}
+        self.retired = True
         self._p_changed = True
 
     def __getstate__(self):
-        if not self.data:
-            # A segment is only ever written empty when its index unlinks it (retire());
-            # its state says so, and a merge with a concurrent change must not revive it.
+        if self.retired:
+            # Its state says so, and a merge with a concurrent change must not revive it.
             return RETIRED
         return pickle.dumps(self.data, protocol=_PROTOCOL)
 
     def __setstate__(self, state):
-        if state == RETIRED:
+        self.retired = state == RETIRED
+        if self.retired:
             self.data = {}
         else:
             self.data = pickle.loads(state) if isinstance(state, bytes) else dict(state)
@@ -126,10 +129,9 @@ class SegmentedIndex(Persistent):
             raise KeyError(key)
         data = dict(segment.data)
         del data[key]
-        if data:
-            segment.data = data
-        else:
-            self._unlink(key >> self.bits, segment)
+        # An emptied segment stays linked (the next keys of its run land in it, writing
+        # one object instead of a new segment and the tree); compact() drops it later.
+        segment.data = data
 
     def _unlink(self, number, segment):
         # The segment is written too, as retired: a concurrent transaction that adds to it
@@ -179,28 +181,37 @@ class SegmentedIndex(Persistent):
         return any(segment.data for segment in self.segments.values())
 
     def compact(self, limit=100):
-        """Drop empty segments among the first limit (a merge can empty one without
-        anyone deleting it); returns how many were dropped."""
+        """Drop empty segments among the first limit, except the last segment (where the
+        next keys of a FIFO queue go); returns how many were dropped."""
         empty = []
+        last = self.segments.maxKey() if self.segments else None
         for n, (number, segment) in enumerate(self.segments.items()):
             if n >= limit:
                 break
-            if not segment.data:
+            if not segment.data and number != last:
                 empty.append(number)
         for number in empty:
             self._unlink(number, self.segments[number])
         return len(empty)
 
     def has_empty_head(self):
-        for segment in self.segments.values():
-            return not segment.data
+        """Whether the first segment is empty and not the only one (compact() would act)."""
+        for number, segment in self.segments.items():
+            return not segment.data and number != self.segments.maxKey()
         return False
 
 
 Msg = namedtuple("Msg", "body priority sent_at receive_count first_received last_received "
-                        "holder")
+                        "holder expires_at attributes sequence source",
+                 defaults=(None, None, None, None))
 Msg.__doc__ = """One queued message as the store keeps it: the pickled item (bytes), its
-priority and put time, its delivery history, and the lease holding it (shared queues)."""
+priority and put time, its delivery history, the lease holding it (shared queues), when it
+expires unprocessed, its attributes (a tuple of (key, value) pairs or None), and for a
+message that came from another queue (a dead letter) its first sequence number and that
+queue's name.  Messages written by earlier versions have only the first seven fields."""
+
+
+_MSG_CORE = 7          # the fields every stored message has
 
 
 class MessageIndex(SegmentedIndex):
@@ -210,11 +221,14 @@ class MessageIndex(SegmentedIndex):
 
     def get(self, key, default=None):
         value = super().get(key, _MISSING)
-        return default if value is _MISSING else Msg._make(value)
+        return default if value is _MISSING else Msg(*value)
 
     def __setitem__(self, key, value):
-        super().__setitem__(key, tuple(value))
+        value = tuple(value)
+        while len(value) > _MSG_CORE and value[-1] is None:   # keep old-size tuples small
+            value = value[:-1]
+        super().__setitem__(key, value)
 
     def items(self):
         for key, value in super().items():
-            yield key, Msg._make(value)
+            yield key, Msg(*value)

@@ -25,7 +25,6 @@ the threads waiting.
           expires (ackqueue.lease).
 """
 import heapq
-import pickle
 import random
 import time
 from bisect import insort
@@ -37,7 +36,8 @@ from ZODB.POSException import ConflictError
 
 from . import store
 from .errors import ShutDown, StaleAck
-from .state import Holding, Meta, QueueState, _ValueOrder
+from .state import (DEFAULT_PUT, SWEEP_COST_FACTOR, SWEEP_INTERVAL, Holding, Meta,
+                    QueueState, _loads_or_none, _ValueOrder)
 
 __all__ = ["SharedQueueState"]
 
@@ -45,6 +45,7 @@ SCAN_INTERVAL = 1.0         # how often the store is scanned for others' expired
 WAIT_RECHECK = 1.0          # a waiting get looks at the store at least this often
 SPREAD_MAX = 32             # how many ready messages a contended claim may choose among
 NONBLOCKING_TRIES = 16      # lost races after which get(block=False) gives up (Empty)
+SHUFFLE_AMONG = 1000        # get(shuffle=True) chooses among this many ready messages
 
 
 class SharedQueueState(QueueState):
@@ -113,8 +114,11 @@ class SharedQueueState(QueueState):
     def _reserve_seqs(self, count):
         return [None] * count           # the store numbers them at commit
 
-    def new_message(self, seq, item, body, now):
-        op = store.Put(self.name, None, None, body, store.DEFAULT_PRIORITY, now)
+    def new_message(self, seq, item, body, now, opts=DEFAULT_PUT, dedup_id=None):
+        op = store.Put(self.name, None, None, body, opts.priority, now,
+                       now + opts.delay if opts.delay else None, now + opts.retention,
+                       opts.attributes, dedup_id,
+                       None if dedup_id is None else now + opts.dedup_window)
         return op, None
 
     def _puts_visible(self, entries):
@@ -134,22 +138,35 @@ class SharedQueueState(QueueState):
     # -- get ------------------------------------------------------------------------------
 
     def claim(self, front, holder, block, timeout, visibility_timeout, load_meta,
-              record=True):
-        """Claim the next ready message for holder in the store, waiting as queue.Queue.get
-        does, and return its Holding.  The claim is durable before this returns."""
+              record=True, shuffle=False, policy=None):
+        """Claim the next ready message (a random one with shuffle) for holder in the
+        store, waiting as queue.Queue.get does, and return its Holding.  The claim, and so
+        the receive count, is durable before this returns.  Messages past their retention
+        or received policy.max_receives times are taken out on the way."""
         endtime = None if (timeout is None or not block) else monotonic() + timeout
         lost = 0
         while True:
             with self.not_empty:
                 self._expire()
-                seq, skey = self._wait_for_candidate(front, block, endtime)
+                seq, skey, msg = self._wait_for_candidate(front, block, endtime, shuffle)
                 self._claiming.add(seq)
             now = self.clock()
             deadline = None if visibility_timeout is None else now + visibility_timeout
-            op = store.Claim(self.name, seq, skey, None, now, deadline,
-                             lease=self.database.lease_id)
+            if msg.expires_at is not None and msg.expires_at <= now:
+                op = store.Expire(self.name, seq, now)
+            elif (policy is not None and policy.max_receives is not None
+                    and msg.receive_count >= policy.max_receives):
+                op = store.DeadLetter(self.name, seq, policy.target, None, now,
+                                      expect=msg.receive_count)
+            else:
+                op = store.Claim(self.name, seq, skey, None, now, deadline,
+                                 lease=self.database.lease_id)
             try:
                 self.committer.submit([op]).wait()
+                if not isinstance(op, store.Claim):      # taken out instead of delivered
+                    with self.mutex:
+                        self._claiming.discard(seq)
+                    continue
             except store.ClaimLost:
                 with self.mutex:
                     self._claiming.discard(seq)
@@ -178,7 +195,7 @@ class SharedQueueState(QueueState):
                 self.not_full.notify()
                 return holding
 
-    def _wait_for_candidate(self, front, block, endtime):
+    def _wait_for_candidate(self, front, block, endtime, shuffle=False):
         while True:
             if front.is_shutdown and front.shutdown_immediate:
                 raise ShutDown
@@ -187,7 +204,7 @@ class SharedQueueState(QueueState):
                 # seen at its place by the next get here (read your writes).
                 self.not_empty.wait(WAIT_RECHECK)
                 continue
-            found = self._pick()
+            found = self._pick(shuffle)
             if found is not None:
                 return found
             if front.is_shutdown:
@@ -203,18 +220,23 @@ class SharedQueueState(QueueState):
                 self.not_empty.wait(min(remaining, WAIT_RECHECK))
             self._expire()
 
-    def _pick(self):
-        """(seq, store key) of a ready message nobody in this process is claiming, or None.
-        The first one, or after lost races one of the first few, chosen at random."""
+    def _pick(self, shuffle=False):
+        """(seq, store key, Msg) of a ready message nobody in this process is claiming, or
+        None.  The first one, or after lost races one of the first few, chosen at random;
+        with shuffle, one of the first SHUFFLE_AMONG."""
         rec = self._record()
-        choice = random.randrange(self._spread) if self._spread > 1 else 0
+        spread = SHUFFLE_AMONG if shuffle else self._spread
+        choice = random.randrange(spread) if spread > 1 else 0
         first = None
         for n, (seq, skey) in enumerate(self._candidates(rec)):
             if first is None:
                 first = (seq, skey)
             if n >= choice:
-                return seq, skey
-        return first
+                first = (seq, skey)
+                break
+        if first is None:
+            return None
+        return first + (rec.messages[first[0]],)
 
     def _candidates(self, rec):
         """Ready messages in delivery order, skipping those this process is claiming."""
@@ -227,14 +249,15 @@ class SharedQueueState(QueueState):
         # Priority by item value: the store keeps seqs; the order by value is kept here,
         # learning new messages as they appear (seqs only grow) and forgetting gone ones.
         if self._gone:
-            self._by_value = [k for k in self._by_value if k[1] not in self._gone]
+            self._by_value = [k for k in self._by_value if k[-1] not in self._gone]
             self._gone.clear()
         for seq in rec.messages.keys(self._known_seq + 1):
-            body = rec.body_of(seq, rec.messages[seq])
-            insort(self._by_value, _ValueOrder.Key((pickle.loads(body), seq)))
+            msg = rec.messages[seq]
+            insort(self._by_value, _ValueOrder.Key(self.memory_key(
+                seq, _loads_or_none(rec.body_of(seq, msg)), msg.priority)))
             self._known_seq = seq
         for key in list(self._by_value):
-            seq = key[1]
+            seq = key[-1]
             if seq not in rec.messages:
                 self._gone.add(seq)
             elif seq in rec.ready and seq not in self._claiming:
@@ -291,7 +314,7 @@ class SharedQueueState(QueueState):
             self._next_promote = visible_at
             self.reaper_wake.notify()
         self._return([store.Release(self.name, h.seq, h.skey, visible_at,
-                                    expect=h.receive_count)])
+                                    expect=h.receive_count, at=self.clock())])
 
     def _return(self, ops):
         """Commit operations that make messages ready again (call with the mutex held);
@@ -309,6 +332,71 @@ class SharedQueueState(QueueState):
         with self.mutex:
             for holder in list(self.holders):
                 self._give_back_all(holder, why)
+
+    # -- peek, counts, purge, redrive, visibility -------------------------------------------
+
+    def peek(self, load_meta):
+        with self.mutex:
+            rec = self._record()
+            now = self.clock()
+            for seq, _skey in self._candidates(rec):
+                msg = rec.messages[seq]
+                if msg.expires_at is None or msg.expires_at > now:
+                    return seq, Meta.from_msg(msg, rec.body_of(seq, msg))
+            return None
+
+    def counts(self):
+        with self.mutex:
+            counts = self._counts()
+            return {"ready": counts.get("ready"), "in_flight": counts.get("inflight"),
+                    "delayed": counts.get("delayed")}
+
+    def purge(self):
+        op = store.Purge(self.name)
+        self.committer.submit([op]).wait()
+        self.store_changed()
+        return op.count
+
+    def redrive(self, targets, to, load_meta):
+        op = store.Redrive(self.name, None, self.clock(), to)
+        self.committer.submit([op]).wait()
+        return len(op.moved)
+
+    def change_visibility(self, holding, seconds):
+        with self.mutex:
+            self.check_current(holding)
+            if seconds <= 0:
+                self._give_back(holding, "change_visibility() gave it back")
+                return
+            deadline = self.clock() + seconds
+        self.committer.submit([store.SetDeadline(self.name, holding.seq, deadline,
+                                                 self.database.lease_id,
+                                                 holding.receive_count)]).wait()
+        with self.mutex:
+            holding.deadline = deadline
+            heapq.heappush(self.deadlines, (deadline, holding.token, holding.seq))
+            self.reaper_wake.notify()
+
+    def sweep(self):
+        """Take out ready and delayed messages past their retention (the store decides
+        which are still neither in flight nor gone), and forget passed dedup ids."""
+        began, now = monotonic(), self.clock()
+        with self.mutex:
+            rec = self._record()
+            due = [seq for seq, msg in rec.messages.items()
+                   if msg.expires_at is not None and msg.expires_at <= now
+                   and msg.holder is None]
+            dedup_due = rec.dedup is not None and any(
+                until <= now for until in rec.dedup.values())
+        ops = [store.Expire(self.name, seq, now) for seq in due]
+        if dedup_due:
+            ops.append(store.PruneDedup(self.name, now))
+        if ops:
+            self.committer.submit(ops)
+        self._swept_at = now
+        self._next_sweep = monotonic() + max(SWEEP_INTERVAL,
+                                             SWEEP_COST_FACTOR * (monotonic() - began))
+        return len(due)
 
     # -- what others left behind ----------------------------------------------------------
 

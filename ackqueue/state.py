@@ -6,8 +6,10 @@ them.  What must outlive the process is sent to the Committer as store operation
 
 - put:   Put is committed first; the message becomes visible only once it is durable, so a
          consumer never sees a message that a crash could still take away.
-- get:   the choice is made in memory and a Claim is sent without waiting: if the process
-         dies before it is written, the message is simply ready again on the next open.
+- get:   the choice is made in memory and nothing is written: if the process dies, the
+         message is simply ready again on the next open.  The delivery's receive count
+         reaches the store with its ack or give-back.  (With a dead-letter policy a Claim
+         is written, and waited for, so that crashes count as receives.)
 - ack:   Ack is committed, and the caller waits for it; until then the holding is "settling"
          and no deadline can give it back.
 - give-back (nack, visibility deadline, dead thread, rolled-back transaction): the message
@@ -26,6 +28,7 @@ import itertools
 import logging
 import math
 import pickle
+import random
 import threading
 import time
 from queue import Empty, Full
@@ -44,31 +47,80 @@ __all__ = ["QueueState", "Meta", "Holding"]
 log = logging.getLogger(__name__)
 
 REAP_INTERVAL = 0.25           # how often held messages of ended threads are looked for
+COMPACT_EVERY = 512            # messages removed between compactions of the store's indexes
+SWEEP_INTERVAL = 60.0          # least seconds between sweeps for expired messages ...
+SWEEP_COST_FACTOR = 100        # ... and at least this many times a sweep's own duration
 BODY_CACHE_BYTES = 64 << 20    # bodies of freshly put messages kept in memory for get
 BODY_CACHE_ITEMS = 200_000
 
 
 class Meta:
-    """What this process knows of a message: its pickled body and delivery history."""
+    """What this process knows of a message: its pickled body, delivery history, when it
+    expires, its attributes, and where it came from (see ackqueue.segments.Msg)."""
 
     __slots__ = ("body", "priority", "sent_at", "receive_count", "first_received",
-                 "last_received")
+                 "last_received", "expires_at", "attributes", "sequence", "source")
 
     def __init__(self, body, priority, sent_at, receive_count=0, first_received=None,
-                 last_received=None):
+                 last_received=None, expires_at=None, attributes=None, sequence=None,
+                 source=None):
         self.body = body
         self.priority = priority
         self.sent_at = sent_at
         self.receive_count = receive_count
         self.first_received = first_received
         self.last_received = last_received
+        self.expires_at = expires_at
+        self.attributes = attributes
+        self.sequence = sequence
+        self.source = source
+
+    @classmethod
+    def from_msg(cls, msg, body):
+        """The Meta of a stored Msg (body: its pickled item, wherever it is kept)."""
+        return cls(body, msg.priority, msg.sent_at, msg.receive_count, msg.first_received,
+                   msg.last_received, msg.expires_at, msg.attributes, msg.sequence,
+                   msg.source)
+
+    def expired(self, now):
+        return self.expires_at is not None and self.expires_at <= now
+
+
+class PutOptions:
+    """The validated keyword options of put()/put_many() (see AckQueue.put)."""
+
+    __slots__ = ("priority", "delay", "retention", "attributes", "dedup_window")
+
+    def __init__(self, priority=store.DEFAULT_PRIORITY, delay=0.0,
+                 retention=store.DEFAULT_RETENTION, attributes=None,
+                 dedup_window=store.DEFAULT_DEDUP_WINDOW):
+        self.priority = priority
+        self.delay = delay
+        self.retention = retention
+        self.attributes = attributes      # a tuple of (key, value) pairs, or None
+        self.dedup_window = dedup_window
+
+
+DEFAULT_PUT = PutOptions()
+
+
+class DeadLetterPolicy:
+    """max_receives, and the queue that takes messages received that often (None: drop
+    them); target_state is that queue's live state when this process holds the storage."""
+
+    __slots__ = ("max_receives", "target", "target_state")
+
+    def __init__(self, max_receives, target, target_state=None):
+        self.max_receives = max_receives
+        self.target = target
+        self.target_state = target_state
 
 
 class Holding:
     """One delivery of one message to one holder (a QueueConnection)."""
 
     __slots__ = ("seq", "key", "skey", "token", "holder", "deadline", "meta", "item",
-                 "receive_count", "settling", "txn", "released")
+                 "receive_count", "settling", "txn", "released", "claim_ticket", "claimed")
 
     def __init__(self, seq, key, skey, token, holder, deadline, meta):
         self.seq = seq            # the message's sequence number
@@ -83,6 +135,8 @@ class Holding:
         self.settling = False     # an ack is on its way: no deadline may give it back now
         self.txn = None           # the transaction block it was received in, if any
         self.released = None      # why it was given back, once it was
+        self.claim_ticket = None  # a Claim the receiver waits for (dead-letter policies)
+        self.claimed = False      # a Claim was sent to the store for this delivery
 
 
 class _IntOrder:
@@ -105,13 +159,34 @@ class _IntOrder:
         self._len -= 1
         return key
 
+    def peek(self):
+        return self._keys.minKey()
+
+    def pop_random(self):
+        """A ready message chosen at random (get(shuffle=True)): the first key at or after
+        a random point between the smallest and the largest."""
+        low, high = self._keys.minKey(), self._keys.maxKey()
+        key = self._keys.minKey(random.randint(low, high))
+        self._keys.remove(key)
+        self._len -= 1
+        return key
+
+    def discard(self, key):
+        if key in self._keys:
+            self._keys.remove(key)
+            self._len -= 1
+
+    def __iter__(self):
+        return iter(self._keys)
+
 
 class _ValueOrder:
-    """Ready messages ordered by item value, ties in put order (AckPriorityQueue).
+    """Ready messages ordered by priority level, then item value, ties in put order
+    (AckPriorityQueue).
 
-    Keys are (item, seq).  put() refuses items that do not compare with the queue's head,
-    as queue.PriorityQueue does, but a give-back must never fail: keys that cannot be
-    compared fall back to (type name, seq) order."""
+    Keys are (rank, item, seq), rank being PRIORITY_MAX - priority.  put() refuses items
+    that do not compare with the queue's head, as queue.PriorityQueue does, but a give-back
+    must never fail: keys that cannot be compared fall back to (rank, type name, seq)."""
 
     class Key(tuple):
         __slots__ = ()
@@ -120,8 +195,8 @@ class _ValueOrder:
             try:
                 return tuple.__lt__(self, other)
             except TypeError:
-                return ((type(self[0]).__name__, self[1])
-                        < (type(other[0]).__name__, other[1]))
+                return ((self[0], type(self[1]).__name__, self[2])
+                        < (other[0], type(other[1]).__name__, other[2]))
 
     def __init__(self, entries=()):
         self._heap = [self.Key(e) for e in entries]
@@ -139,6 +214,24 @@ class _ValueOrder:
     def peek(self):
         return self._heap[0]
 
+    def pop_random(self):
+        i = random.randrange(len(self._heap))
+        key = self._heap[i]
+        self._heap[i] = self._heap[-1]
+        self._heap.pop()
+        heapq.heapify(self._heap)
+        return key
+
+    def discard(self, key):
+        try:
+            self._heap.remove(key)
+        except ValueError:
+            return
+        heapq.heapify(self._heap)
+
+    def __iter__(self):
+        return iter(self._heap)
+
 
 def check_timeout(timeout, what="timeout"):
     """The stdlib's rule for timeouts, plus a clear error for NaN and non-numbers."""
@@ -149,6 +242,22 @@ def check_timeout(timeout, what="timeout"):
     if math.isnan(timeout) or timeout < 0:
         raise ValueError(f"'{what}' must be a non-negative number")
     return timeout
+
+
+def _delivery(h):
+    """What the store must learn of a delivery it never saw claimed: (receive count, first
+    and last receive times); None when its Claim was written."""
+    if h.claimed:
+        return None
+    return (h.receive_count, h.meta.first_received, h.meta.last_received)
+
+
+def _loads_or_none(body):
+    """The item of a pickled body, or None if it cannot be read here (an ordering key)."""
+    try:
+        return pickle.loads(body)
+    except Exception:
+        return None
 
 
 class QueueState:
@@ -173,6 +282,12 @@ class QueueState:
         self.cached_bytes = 0
         self.pending_puts = 0        # reserved by put() but not yet durable
         self.tokens = itertools.count(1)
+        # A leaf lock (never held while taking another) for sequence numbers, so that
+        # another queue's state can number a message moved here while holding its own mutex.
+        self.seq_lock = threading.Lock()
+        self._next_sweep = monotonic() + SWEEP_INTERVAL
+        self._swept_at = clock()
+        self._removed = 0             # messages gone since the indexes were last compacted
         self.stopped = False
         self.recovered = 0
         # Whether this process acknowledges on this queue (ack, nack, task_done, join,
@@ -196,6 +311,7 @@ class QueueState:
                     with tm:
                         rec = store.ensure_queue(conn.root(), self.name, self.kind)
                         self._check_kind(rec)
+                        self.kind = rec.kind
                         if self.database.exclusive:
                             self.recovered = rec.recover_inflight()
                     break
@@ -218,25 +334,28 @@ class QueueState:
             conn.close()
 
     def _check_kind(self, rec):
-        if rec.kind != self.kind:
+        if self.kind is not None and rec.kind != self.kind:
             raise QueueKindMismatch(
                 f"queue {self.name!r} in {self.database.description} is "
                 f"{store.KIND_NAMES[rec.kind]}; open it with that class")
 
     def _memory_key_from_store(self, rec, seq):
         if self.kind == store.VALUE:
-            return (pickle.loads(rec.body_of(seq, rec.messages[seq])), seq)
+            msg = rec.messages[seq]
+            return self.memory_key(seq, _loads_or_none(rec.body_of(seq, msg)), msg.priority)
         return rec.key_of(seq)
 
-    def memory_key(self, skey, item):
-        """The key that orders a message in memory (the item itself for value order)."""
-        return (item, skey) if self.kind == store.VALUE else skey
+    def memory_key(self, skey, item, priority=store.DEFAULT_PRIORITY):
+        """The key that orders a message in memory (level and item for value order)."""
+        if self.kind == store.VALUE:
+            return (store.PRIORITY_MAX - priority, item, skey)
+        return skey
 
     def seq_of(self, key):
-        return key[1] if self.kind == store.VALUE else store.seq_of_key(self.kind, key)
+        return key[-1] if self.kind == store.VALUE else store.seq_of_key(self.kind, key)
 
     def store_key_of(self, key):
-        return key[1] if self.kind == store.VALUE else key
+        return key[-1] if self.kind == store.VALUE else key
 
     # -- sizes (call with the mutex held) -------------------------------------------------
 
@@ -283,20 +402,26 @@ class QueueState:
                     raise ShutDown
 
     def _reserve_seqs(self, count):
-        first = self.next_seq
-        self.next_seq += count
+        with self.seq_lock:
+            first = self.next_seq
+            self.next_seq += count
         return list(range(first, first + count))
 
-    def new_message(self, seq, item, body, now):
+    def new_message(self, seq, item, body, now, opts=DEFAULT_PUT, dedup_id=None):
         """The store operation that puts a message, and what makes it visible once durable."""
-        skey = store.store_key(self.kind, store.DEFAULT_PRIORITY, seq)
-        meta = Meta(body, store.DEFAULT_PRIORITY, now)
-        op = store.Put(self.name, seq, skey, body, store.DEFAULT_PRIORITY, now)
-        return op, (seq, self.memory_key(skey, item), meta, None)
+        priority = opts.priority
+        skey = store.store_key(self.kind, priority, seq)
+        visible_at = now + opts.delay if opts.delay else None
+        expires_at = now + opts.retention
+        meta = Meta(body, priority, now, expires_at=expires_at, attributes=opts.attributes)
+        op = store.Put(self.name, seq, skey, body, priority, now, visible_at, expires_at,
+                       opts.attributes, dedup_id,
+                       None if dedup_id is None else now + opts.dedup_window)
+        return op, (seq, self.memory_key(skey, item, priority), meta, visible_at)
 
     def ack_op(self, h):
         """The store operation that acknowledges delivery h."""
-        return store.Ack(self.name, h.seq, h.skey)
+        return store.Ack(self.name, h.seq, h.skey, delivery=_delivery(h))
 
     def unreserve(self, count):
         """Reserved room that will not be used (a failed put, a rolled-back transaction)."""
@@ -314,6 +439,14 @@ class QueueState:
 
     def _puts_visible(self, entries):
         self.pending_puts -= len(entries)
+        self._arrive(entries)
+
+    def arrivals_committed(self, entries):
+        """Messages moved here from another queue (dead letters, redrives) are durable."""
+        with self.mutex:
+            self._arrive(entries)
+
+    def _arrive(self, entries):
         for seq, key, meta, visible_at in entries:
             if (self.cached_bytes + len(meta.body) <= BODY_CACHE_BYTES
                     and len(self.meta) < BODY_CACHE_ITEMS):
@@ -333,7 +466,7 @@ class QueueState:
         for item in items:
             try:
                 if head is not None:
-                    item < head[0]
+                    item < head[1]
                 item < item
             except TypeError as exc:
                 raise TypeError(f"priority queue items must be orderable: {exc}") from None
@@ -345,65 +478,232 @@ class QueueState:
         return front.is_shutdown and (front.shutdown_immediate or not len(self.ready))
 
     def claim(self, front, holder, block, timeout, visibility_timeout, load_meta,
-              record=True):
-        """Take the next ready message for holder (waiting as queue.Queue.get does) and
-        return its Holding.  With record, a Claim is sent to the store (not waited for);
-        without (inside an application transaction, whose commit acknowledges it or
-        whose abort gives it back) the store never sees this delivery."""
+              record=True, shuffle=False, policy=None):
+        """Take the next ready message (a random one with shuffle) for holder, waiting as
+        queue.Queue.get does, and return its Holding.  With record, a Claim is sent to the
+        store: not waited for, unless a dead-letter policy needs the receive count durable
+        before the item is handed out (the caller then waits on holding.claim_ticket);
+        without record (inside an application transaction, whose commit acknowledges it or
+        whose abort gives it back) the store never sees this delivery.  Messages past their
+        retention, and messages already received policy.max_receives times, are taken out
+        on the way instead of being delivered."""
+        endtime = None if (timeout is None or not block) else monotonic() + timeout
         with self.not_empty:
+            while True:
+                self._wait_ready(front, block, endtime)
+                key = self.ready.pop_random() if shuffle else self.ready.pop()
+                seq = self.seq_of(key)
+                meta = self.meta.pop(seq, None)
+                if meta is None:
+                    try:
+                        meta = load_meta(seq)
+                    except BaseException:
+                        self.ready.push(key)
+                        raise
+                elif meta.receive_count == 0:          # counted in the body cache by put
+                    self.cached_bytes -= len(meta.body)
+                now = self.clock()
+                if meta.expired(now):
+                    self.committer.submit([store.Expire(self.name, seq, now)])
+                    self._left()
+                    continue
+                if (policy is not None and policy.max_receives is not None
+                        and meta.receive_count >= policy.max_receives):
+                    self._dead_letter(seq, key, meta, policy, now)
+                    continue
+                return self._deliver(seq, key, meta, holder, now, visibility_timeout,
+                                     record, policy)
+
+    def _wait_ready(self, front, block, endtime):
+        """Wait until a message is ready (queue.Queue.get's rules; call with the mutex)."""
+        self._expire()
+        if self._shut(front):
+            raise ShutDown
+        while not len(self.ready):
+            if not block:
+                raise Empty
+            if endtime is None:
+                self.not_empty.wait()
+            else:
+                remaining = endtime - monotonic()
+                if remaining <= 0.0:
+                    raise Empty
+                self.not_empty.wait(remaining)
             self._expire()
             if self._shut(front):
                 raise ShutDown
-            if not block:
-                if not len(self.ready):
-                    raise Empty
-            elif timeout is None:
-                while not len(self.ready):
-                    self.not_empty.wait()
-                    self._expire()
-                    if self._shut(front):
-                        raise ShutDown
-            else:
-                endtime = monotonic() + timeout
-                while not len(self.ready):
-                    remaining = endtime - monotonic()
-                    if remaining <= 0.0:
-                        raise Empty
-                    self.not_empty.wait(remaining)
-                    self._expire()
-                    if self._shut(front):
-                        raise ShutDown
-            key = self.ready.pop()
-            seq = self.seq_of(key)
-            meta = self.meta.pop(seq, None)
-            if meta is None:
-                try:
-                    meta = load_meta(seq)
-                except BaseException:
+
+    def _deliver(self, seq, key, meta, holder, now, visibility_timeout, record, policy):
+        meta.receive_count += 1
+        meta.last_received = now
+        if meta.first_received is None:
+            meta.first_received = now
+        deadline = None if visibility_timeout is None else now + visibility_timeout
+        holding = Holding(seq, key, self.store_key_of(key), next(self.tokens), holder,
+                          deadline, meta)
+        self.inflight[seq] = holding
+        self.holders.setdefault(holder, {})[seq] = holding
+        if deadline is not None:
+            heapq.heappush(self.deadlines, (deadline, holding.token, seq))
+            self.reaper_wake.notify()
+        elif holder.thread_bound:
+            self.reaper_wake.notify()
+        if record and policy is not None and policy.max_receives is not None:
+            holding.claimed = True
+            holding.claim_ticket = self.committer.submit([store.Claim(
+                self.name, seq, holding.skey, meta.receive_count, now, deadline)])
+        self.not_full.notify()
+        return holding
+
+    def _left(self, count=1):
+        """A message left the queue without an ack (expired, dead-lettered, purged)."""
+        self._count_removed(count)
+        self.not_full.notify()
+        if not self.unfinished():
+            self.all_tasks_done.notify_all()
+
+    def _dead_letter(self, seq, key, meta, policy, now):
+        """Move a message received max_receives times to the dead-letter queue (or drop it)
+        instead of delivering it again (call with the mutex held)."""
+        target = policy.target_state
+        if target is None:
+            self.committer.submit([store.DeadLetter(self.name, seq, None, None, now)])
+            self._left()
+            return
+        tseq = target._reserve_seqs(1)[0]
+        moved = Meta(meta.body, meta.priority, meta.sent_at, meta.receive_count,
+                     meta.first_received, meta.last_received,
+                     now + store.DEAD_LETTER_RETENTION, meta.attributes,
+                     meta.sequence or seq, self.name)
+        tkey = target.memory_key(store.store_key(target.kind, meta.priority, tseq),
+                                 _loads_or_none(meta.body) if target.kind == store.VALUE
+                                 else None, meta.priority)
+
+        def failed(error, key=key, seq=seq, meta=meta):
+            with self.mutex:          # still in the store here: back to its place
+                self.meta[seq] = meta
+                self.ready.push(key)
+                self.not_empty.notify()
+
+        self.committer.submit([store.DeadLetter(self.name, seq, policy.target, tseq, now)],
+                              on_commit=lambda: target.arrivals_committed(
+                                  [(tseq, tkey, moved, None)]),
+                              on_fail=failed)
+        self._left()
+
+    # -- peek, counts, purge, redrive, visibility -------------------------------------------
+
+    def peek(self, load_meta):
+        """(seq, Meta) of the message the next get would receive, or None; no side effect
+        (beyond taking out messages found past their retention)."""
+        with self.mutex:
+            self._expire()
+            while len(self.ready):
+                key = self.ready.peek()
+                seq = self.seq_of(key)
+                meta = self.meta.get(seq) or load_meta(seq)
+                now = self.clock()
+                if not meta.expired(now):
+                    return seq, meta
+                self.ready.pop()
+                if self.meta.pop(seq, None) is not None and meta.receive_count == 0:
+                    self.cached_bytes -= len(meta.body)
+                self.committer.submit([store.Expire(self.name, seq, now)])
+                self._left()
+            return None
+
+    def counts(self):
+        """The current sizes, as this process holds them (the truth for a lone process)."""
+        with self.mutex:
+            self._expire()
+            return {"ready": len(self.ready), "in_flight": len(self.inflight),
+                    "delayed": len(self.delayed)}
+
+    def totals(self):
+        """The queue's lifetime totals, from the store, once what this process sent is in."""
+        self.committer.submit([]).wait()
+        tm = transaction.TransactionManager()
+        conn = self.database.db.open(transaction_manager=tm)
+        try:
+            tm.begin()
+            counts = conn.root()[store.ROOT_KEY].queues[self.name].counts
+            result = {name: counts.get(name) for name in store.Counters.TOTALS}
+            tm.abort()
+            return result
+        finally:
+            conn.close()
+
+    def purge(self):
+        """Remove every ready and delayed message (in-flight ones stay); returns how many."""
+        with self.mutex:
+            self._expire()
+            seqs = [self.seq_of(key) for key in self.ready]
+            seqs += [seq for _, seq, _ in self.delayed]
+            self.ready = type(self.ready)()
+            self.delayed = []
+            for seq in seqs:
+                meta = self.meta.pop(seq, None)
+                if meta is not None and meta.receive_count == 0:
+                    self.cached_bytes -= len(meta.body)
+            self._left()
+            self.not_full.notify_all()
+        if seqs:
+            self.committer.submit([store.Purge(self.name, seqs)]).wait()
+        return len(seqs)
+
+    def redrive(self, targets, to, load_meta):
+        """Move the ready messages that came from other queues back to them (or to ``to``);
+        targets: queue name -> live state, for every queue they may go to."""
+        with self.mutex:
+            self._expire()
+            moves, taken = [], []
+            for key in list(self.ready):
+                seq = self.seq_of(key)
+                meta = self.meta.get(seq) or load_meta(seq)
+                name = to or meta.source
+                if name is None or name not in targets:
+                    continue
+                self.ready.discard(key)
+                self.meta.pop(seq, None)
+                target = targets[name]
+                tseq = target._reserve_seqs(1)[0]
+                back = Meta(meta.body, meta.priority, meta.sent_at, 0, None, None,
+                            self.clock() + store.DEFAULT_RETENTION, meta.attributes,
+                            meta.sequence or seq, None)
+                tkey = target.memory_key(
+                    store.store_key(target.kind, meta.priority, tseq),
+                    _loads_or_none(meta.body) if target.kind == store.VALUE else None,
+                    meta.priority)
+                moves.append((seq, name, tseq))
+                taken.append((key, seq, meta, target, (tseq, tkey, back, None)))
+            self._left()
+        if not moves:
+            return 0
+        try:
+            self.committer.submit([store.Redrive(self.name, moves, self.clock())]).wait()
+        except BaseException:
+            with self.mutex:
+                for key, seq, meta, _, _ in taken:
+                    self.meta[seq] = meta
                     self.ready.push(key)
-                    raise
-            elif meta.receive_count == 0:          # counted in the body cache by put
-                self.cached_bytes -= len(meta.body)
-            now = self.clock()
-            meta.receive_count += 1
-            meta.last_received = now
-            if meta.first_received is None:
-                meta.first_received = now
-            deadline = None if visibility_timeout is None else now + visibility_timeout
-            holding = Holding(seq, key, self.store_key_of(key), next(self.tokens), holder,
-                              deadline, meta)
-            self.inflight[seq] = holding
-            self.holders.setdefault(holder, {})[seq] = holding
-            if deadline is not None:
-                heapq.heappush(self.deadlines, (deadline, holding.token, seq))
-                self.reaper_wake.notify()
-            elif holder.thread_bound:
-                self.reaper_wake.notify()
-            if record:
-                self.committer.submit([store.Claim(self.name, seq, holding.skey,
-                                                   meta.receive_count, now, deadline)])
-            self.not_full.notify()
-            return holding
+                self.not_empty.notify_all()
+            raise
+        for _, _, _, target, entry in taken:
+            target.arrivals_committed([entry])
+        return len(moves)
+
+    def change_visibility(self, holding, seconds):
+        """A new deadline, seconds from now, for a live delivery; seconds <= 0 gives it
+        back now."""
+        with self.mutex:
+            self._expire()
+            self.check_current(holding)
+            if seconds <= 0:
+                self._give_back(holding, "change_visibility() gave it back")
+                return
+            holding.deadline = self.clock() + seconds
+            heapq.heappush(self.deadlines, (holding.deadline, holding.token, holding.seq))
+            self.reaper_wake.notify()
 
     # -- ack ------------------------------------------------------------------------------
 
@@ -438,7 +738,16 @@ class QueueState:
         with self.mutex:
             self._settled(holdings)
 
+    def _count_removed(self, count):
+        # Removed messages leave empty index segments behind (kept, so that a near-empty
+        # queue does not create and drop a segment per message); drop them now and then.
+        self._removed += count
+        if self._removed >= COMPACT_EVERY:
+            self._removed = 0
+            self.committer.submit([store.Compact(self.name)])
+
     def _settled(self, holdings):
+        self._count_removed(len(holdings))
         for h in holdings:
             if self.inflight.get(h.seq) is h:
                 del self.inflight[h.seq]
@@ -476,16 +785,21 @@ class QueueState:
         del self.inflight[h.seq]
         self._forget_holding(h)
         h.released = why
-        self.meta[h.seq] = h.meta
+        now = self.clock()
         visible_at = None
-        if delay and delay > 0:
-            visible_at = self.clock() + delay
+        if h.meta.expired(now):
+            self._left()              # past its retention: the store's Release expires it
+        elif delay and delay > 0:
+            self.meta[h.seq] = h.meta
+            visible_at = now + delay
             heapq.heappush(self.delayed, (visible_at, h.seq, h.key))
             self.reaper_wake.notify()
         else:
+            self.meta[h.seq] = h.meta
             self.ready.push(h.key)
             self.not_empty.notify()
-        self.committer.submit([store.Release(self.name, h.seq, h.skey, visible_at)])
+        self.committer.submit([store.Release(self.name, h.seq, h.skey, visible_at, at=now,
+                                             delivery=_delivery(h))])
 
     def _forget_holding(self, h):
         held = self.holders.get(h.holder)
@@ -529,9 +843,9 @@ class QueueState:
         """Give back what is due (call with the mutex held)."""
         now = self.clock()
         while self.deadlines and self.deadlines[0][0] <= now:
-            _, token, seq = heapq.heappop(self.deadlines)
+            deadline, token, seq = heapq.heappop(self.deadlines)
             h = self.inflight.get(seq)
-            if h is not None and h.token == token:
+            if h is not None and h.token == token and h.deadline == deadline:
                 if h.settling:        # an ack is being written; look again later
                     heapq.heappush(self.deadlines, (now + 0.05, token, seq))
                     break
@@ -550,7 +864,7 @@ class QueueState:
                 holder.thread_bound = False
 
     def _next_wake(self):
-        waits = []
+        waits = [max(self._next_sweep - monotonic(), 0.001)]
         now = self.clock()
         if self.deadlines:
             waits.append(self.deadlines[0][0] - now)
@@ -568,9 +882,73 @@ class QueueState:
             while not self.stopped:
                 try:
                     self._reap_pass()
+                    if self._sweep_due():
+                        self.mutex.release()      # a sweep reads the store: not under the mutex
+                        try:
+                            self.sweep()
+                        finally:
+                            self.mutex.acquire()
                 except Exception:  # pragma: no cover - keep reaping whatever happens
                     log.exception("ackqueue: reaper pass failed")
-                self.reaper_wake.wait(self._next_wake())
+                if not self.stopped:
+                    self.reaper_wake.wait(self._next_wake())
+
+    def _sweep_due(self):
+        # Due by the monotonic clock, or when the queue's own clock jumped (an injected one).
+        return (monotonic() >= self._next_sweep
+                or self.clock() - self._swept_at >= SWEEP_INTERVAL)
+
+    def sweep(self):
+        """Take out ready and delayed messages past their retention, and forget dedup ids
+        whose window has passed.  Reads the whole queue from the store, so it runs at most
+        every SWEEP_INTERVAL seconds and at most 1/SWEEP_COST_FACTOR of the time; gets
+        never deliver an expired message in between.  Returns how many expired."""
+        began, now = monotonic(), self.clock()
+        tm = transaction.TransactionManager()
+        conn = self.database.db.open(transaction_manager=tm)
+        try:
+            tm.begin()
+            rec = conn.root()[store.ROOT_KEY].queues[self.name]
+            due = [seq for seq, msg in rec.messages.items()
+                   if msg.expires_at is not None and msg.expires_at <= now]
+            dedup_due = rec.dedup is not None and any(
+                until <= now for until in rec.dedup.values())
+            tm.abort()
+        finally:
+            conn.close()
+        expired = self._take_out_expired(due, now)
+        ops = [store.Expire(self.name, seq, now) for seq in expired]
+        if dedup_due:
+            ops.append(store.PruneDedup(self.name, now))
+        if ops:
+            self.committer.submit(ops)
+        self._swept_at = now
+        self._next_sweep = monotonic() + max(SWEEP_INTERVAL,
+                                             SWEEP_COST_FACTOR * (monotonic() - began))
+        return len(expired)
+
+    def _take_out_expired(self, seqs, now):
+        """Forget the listed messages that are ready or delayed here (not in flight)."""
+        seqs = set(seqs) - set(self.inflight)
+        if not seqs:
+            return []
+        with self.mutex:
+            seqs -= set(self.inflight)
+            gone = [key for key in self.ready if self.seq_of(key) in seqs]
+            for key in gone:
+                self.ready.discard(key)
+            delayed = [d for d in self.delayed if d[1] not in seqs]
+            taken = [self.seq_of(key) for key in gone]
+            taken += [d[1] for d in self.delayed if d[1] in seqs]
+            if len(delayed) != len(self.delayed):
+                self.delayed = delayed
+                heapq.heapify(self.delayed)
+            for seq in taken:
+                meta = self.meta.pop(seq, None)
+                if meta is not None and meta.receive_count == 0:
+                    self.cached_bytes -= len(meta.body)
+            self._left()
+            return taken
 
     def _reap_pass(self):
         self._expire()

@@ -60,6 +60,8 @@ class Database:
         self.durability = None        # for files: "fsync" or "os"
         self._watched = {}            # oid -> shared state woken when that object changes
         self._changes = None
+        self.pack_lock = threading.Lock()   # one pack at a time (ackqueue.maintenance)
+        self.autopacker = None
         if not exclusive:
             try:
                 self.lease = LeaseKeeper(self, lease_timeout)
@@ -87,6 +89,25 @@ class Database:
                 cls = QueueState if self.exclusive else SharedQueueState
                 state = self.states[name] = cls(self, name, kind, clock)
             return state
+
+    def enable_autopack(self, threshold_bytes, *, interval=None):
+        """Pack whenever the storage grew by threshold_bytes (ackqueue.maintenance.AutoPacker).
+        Idempotent: a second call keeps the smaller threshold (and check interval)."""
+        from .maintenance import DEFAULT_CHECK_INTERVAL, AutoPacker, autopack_threshold
+        threshold = autopack_threshold(threshold_bytes)
+        if threshold is None:
+            raise ValueError("enable_autopack needs a positive number of bytes (or True)")
+        with self.lock:
+            if self.closed:
+                raise StorageError(f"{self.description} is closed")
+            if self.autopacker is None:
+                self.autopacker = AutoPacker(self, threshold,
+                                             interval=interval or DEFAULT_CHECK_INTERVAL).start()
+            else:
+                self.autopacker.threshold = min(self.autopacker.threshold, threshold)
+                if interval is not None:
+                    self.autopacker.interval = min(self.autopacker.interval, interval)
+            return self.autopacker
 
     def shared_states(self):
         with self.lock:
@@ -128,6 +149,10 @@ class Database:
         with _registry_lock:
             if _registry.get(self.key) is self:
                 del _registry[self.key]
+        if self.autopacker is not None:
+            self.autopacker.stop()      # finishes a pack in progress
+        with self.pack_lock:            # and waits for a manual one (pack() checks closed)
+            pass
         for state in states:
             state.stop()
         if self.lease is not None:
@@ -245,7 +270,11 @@ def open_file_storage(path, durability="fsync"):
     cls = FileStorage if check_durability(durability) == "fsync" else OSDurableFileStorage
     had_tmp = os.path.exists(path + ".tmp")
     try:
-        storage = cls(path, create=not os.path.exists(path))
+        # pack_keep_old=False: after a pack FileStorage would keep the whole pre-pack file
+        # as FILE.old (until the next pack), doubling the disk a queue uses at the moment
+        # it should shrink.  ackqueue never reads it: a pack only drops acknowledged
+        # messages and superseded revisions, and the swap to the packed file is atomic.
+        storage = cls(path, create=not os.path.exists(path), pack_keep_old=False)
     except zc.lockfile.LockError:
         raise QueueLocked(
             f"queue file {path!r} is already open in another process{_lock_holder(path)}. "
@@ -351,10 +380,12 @@ def open_database(path=None, db=None, durability=None):
                              f"durability={handle.durability!r}")
         return handle
     else:
-        handle = Database(ZODB.DB(MappingStorage()), key=None, owned=True, exclusive=True,
-                          description="memory")
-        handle.refs = 1
-        return handle
+        # Registered under its DB, so that AckQueue(db=q.db, name=...) opens another queue
+        # of the same in-memory storage (its dead-letter queue, say) through this handle.
+        memory_db = ZODB.DB(MappingStorage())
+        key = ("db", id(memory_db))
+        make = lambda: Database(memory_db, key=key, owned=True,  # noqa: E731
+                                exclusive=True, description="memory")
     return _shared_handle(key, make)
 
 

@@ -11,6 +11,7 @@ Layout, under the database root::
                                 process, so that consumers in different processes never
                                 write the same in-flight bucket
         .delayed[seq]           time at which a given-back or delayed message becomes ready
+        .dedup[dedup id]        until when a put with that id is refused as a duplicate
         .next_seq               SeqCounter: the next sequence number (never reused)
         .counts                 Counters: ready/inflight/delayed sizes and lifetime totals
       .leases[lease id]         LeaseRecord: one per process using the storage through a server
@@ -31,6 +32,10 @@ Why this shape:
 - A store key orders the ready set: priority first (higher first), then the sequence number
   (FIFO) or its complement (LIFO).  Priority queues ordered by item value use the sequence
   number as store key and order by value in memory (see ackqueue.state).
+
+Messages can move between queues of one storage: to a dead-letter queue after too many
+receives (DeadLetter) and back (Redrive).  A moved message gets a sequence number of its new
+queue and keeps its first one (Msg.sequence) and the name of the queue it left (Msg.source).
 
 Operations (Put, Claim, Release, Ack, ...) are small value objects with two methods,
 ``check(root)`` and ``apply(root)``; ``apply_unit`` runs every check of a unit before any
@@ -56,13 +61,14 @@ from ZODB.POSException import ConflictError
 
 from .segments import MessageIndex, Msg, SegmentedIndex
 
-from .errors import Refused, StaleAck
+from .errors import DuplicateMessage, Refused, StaleAck
 
 __all__ = [
     "ROOT_KEY", "FORMAT", "KINDS", "PRIORITY_MAX", "DEFAULT_PRIORITY",
     "store_key", "seq_of_key", "Catalog", "QueueRecord", "MessageRecord",
     "Counters", "SeqCounter", "LeaseRecord", "Put", "Claim", "Release", "Ack", "Promote",
-    "Compact", "needs_compaction",
+    "Compact", "needs_compaction", "DeadLetter", "Redrive", "Expire", "Purge", "PruneDedup",
+    "SetDeadline", "DEFAULT_RETENTION", "MAX_RETENTION", "DEFAULT_DEDUP_WINDOW",
     "RegisterLease", "Beat", "DropLease", "ExpireLease", "ClaimLost", "LeaseLost",
     "ensure_queue", "ensure_leases", "apply_unit",
 ]
@@ -78,6 +84,11 @@ KIND_NAMES = {FIFO: "a FIFO queue (AckQueue)", LIFO: "a LIFO queue (AckLifoQueue
 PRIORITY_MAX = 1000
 DEFAULT_PRIORITY = 100
 LARGE_BODY = 4096           # bodies above this many bytes get a record of their own
+DEFAULT_RETENTION = 4 * 86400.0     # seconds a message may wait unprocessed (SQS's default)
+MAX_RETENTION = 14 * 86400.0        # the longest retention a put may ask for
+DEAD_LETTER_RETENTION = MAX_RETENTION   # a dead letter is kept this long for inspection
+DEFAULT_DEDUP_WINDOW = 300.0        # seconds during which a dedup id refuses a second put
+SEQ_BLOCK = 1024            # sequence numbers reserved in the store at a time (see Put)
 SEQ_BITS = 48
 SEQ_MASK = (1 << SEQ_BITS) - 1
 
@@ -102,7 +113,9 @@ class Counters(Persistent):
     """Named integer counters that resolve write conflicts by adding both sides' deltas."""
 
     FIELDS = ("ready", "inflight", "delayed", "put", "acked", "redelivered",
-              "given_back", "recovered", "expired", "dead_lettered")
+              "given_back", "recovered", "expired", "dead_lettered", "dropped", "purged",
+              "moved_in", "redriven")
+    TOTALS = FIELDS[3:]         # lifetime totals (the first three are current sizes)
 
     def __init__(self):
         self.values = dict.fromkeys(self.FIELDS, 0)
@@ -197,6 +210,8 @@ class QueueRecord(Persistent):
 
     leased = None       # OOBTree lease id -> LOBTree, made by the first claim through a server
 
+    dedup = None        # OOBTree dedup id -> until when it refuses a put, made on first use
+
     def __init__(self, name, kind):
         if kind not in KINDS:
             raise ValueError(f"unknown queue kind {kind!r}")
@@ -214,13 +229,42 @@ class QueueRecord(Persistent):
         """The pickled item of message seq (msg: its Msg)."""
         return msg.body if msg.body is not None else self.bodies[seq].data
 
-    def add_message(self, seq, body, priority, sent_at):
+    def add_message(self, seq, body, priority, sent_at, **fields):
+        """Store message seq; fields are further Msg fields (expires_at, attributes, ...)."""
         if len(body) > LARGE_BODY:
             if self.bodies is None:
                 self.bodies = LOBTree()
             self.bodies[seq] = Body(body)
             body = None
-        self.messages[seq] = Msg(body, priority, sent_at, 0, None, None, None)
+        msg = Msg(body, priority, sent_at, 0, None, None, None)
+        self.messages[seq] = msg._replace(**fields) if fields else msg
+
+    def take_out(self, seq):
+        """Remove message seq from every index and return its Msg, body inline."""
+        msg = self.messages[seq]
+        body = self.body_of(seq, msg)
+        self.detach(seq, self.key_of(seq))
+        self.delete_message(seq)
+        return msg._replace(body=body, holder=None)
+
+    def move_in(self, seq, msg):
+        """Add a message that left another queue (msg from take_out), ready at once."""
+        fields = msg._replace(body=None, priority=None, sent_at=None)._asdict()
+        for name in ("body", "priority", "sent_at"):
+            del fields[name]
+        self.next_seq.advance_past(seq)
+        self.add_message(seq, msg.body, msg.priority, msg.sent_at, **fields)
+        self.make_ready(seq, self.key_of(seq))
+        self.counts.add(moved_in=1)
+
+    def is_ready(self, seq, msg=None):
+        msg = msg if msg is not None else self.messages.get(seq)
+        return msg is not None and msg.holder is None and self.key_of(seq) in self.ready
+
+    def dedup_table(self):
+        if self.dedup is None:
+            self.dedup = OOBTree()
+        return self.dedup
 
     def delete_message(self, seq):
         del self.messages[seq]
@@ -365,13 +409,14 @@ class Catalog(Persistent):
 
 
 def ensure_queue(root, name, kind):
-    """The QueueRecord called name, created with kind if missing (the caller commits)."""
+    """The QueueRecord called name, created with kind (FIFO for None) if missing (the
+    caller commits)."""
     catalog = root.get(ROOT_KEY)
     if catalog is None:
         catalog = root[ROOT_KEY] = Catalog()
     record = catalog.queues.get(name)
     if record is None:
-        record = catalog.queues[name] = QueueRecord(name, kind)
+        record = catalog.queues[name] = QueueRecord(name, kind or FIFO)
     record.upgrade()
     return record
 
@@ -420,23 +465,44 @@ class Put(_Op):
     With seq None the store numbers it at commit (shared queues); ``seq`` then holds the
     number it was given once the unit committed."""
 
-    __slots__ = ("name", "seq", "key", "body", "priority", "sent_at", "visible_at", "numbered")
+    __slots__ = ("name", "seq", "key", "body", "priority", "sent_at", "visible_at", "numbered",
+                 "expires_at", "attributes", "dedup_id", "dedup_until")
 
-    def __init__(self, name, seq, key, body, priority, sent_at, visible_at=None):
+    def __init__(self, name, seq, key, body, priority, sent_at, visible_at=None,
+                 expires_at=None, attributes=None, dedup_id=None, dedup_until=None):
         self.name, self.seq, self.key, self.body = name, seq, key, body
         self.priority, self.sent_at, self.visible_at = priority, sent_at, visible_at
         self.numbered = seq is None
+        self.expires_at, self.attributes = expires_at, attributes
+        self.dedup_id, self.dedup_until = dedup_id, dedup_until
+
+    def check(self, root):
+        if self.dedup_id is None:
+            return
+        dedup = _queue(root, self.name).dedup
+        until = dedup.get(self.dedup_id) if dedup is not None else None
+        if until is not None and until > self.sent_at:
+            raise DuplicateMessage(
+                f"a message with dedup_id {self.dedup_id!r} was put in queue {self.name!r} "
+                f"less than its dedup window ago ({until - self.sent_at:.1f} s left); "
+                "this put was refused")
 
     def apply(self, root):
         rec = _queue(root, self.name)
         if self.numbered:
             self.seq = rec.next_seq.take()
             self.key = store_key(rec.kind, self.priority, self.seq)
-        else:
-            rec.next_seq.advance_past(self.seq)
-        rec.add_message(self.seq, self.body, self.priority, self.sent_at)
+        elif self.seq >= rec.next_seq.value:
+            # Numbered in memory by the one process that holds the storage: the counter
+            # is moved a block ahead at a time, so that it is written once per SEQ_BLOCK
+            # puts; the next open starts after the block (numbers are never reused).
+            rec.next_seq.advance_past(self.seq + SEQ_BLOCK - 1)
+        rec.add_message(self.seq, self.body, self.priority, self.sent_at,
+                        expires_at=self.expires_at, attributes=self.attributes)
         rec.make_ready(self.seq, self.key, self.visible_at)
         rec.counts.add(put=1)
+        if self.dedup_id is not None:
+            rec.dedup_table()[self.dedup_id] = self.dedup_until
 
 
 class Claim(_Op):
@@ -465,8 +531,8 @@ class Claim(_Op):
         if self.lease is not None:
             msg = rec.deliver(self.seq, self.deadline, self.lease, self.at)
             self.result = (rec.body_of(self.seq, msg), msg.priority, msg.sent_at,
-                           msg.receive_count,
-                           msg.first_received, msg.last_received)
+                           msg.receive_count, msg.first_received, msg.last_received,
+                           msg.expires_at, msg.attributes, msg.sequence, msg.source)
             return
         msg = rec.messages.get(self.seq)
         if msg is None:          # acknowledged before this claim reached the store
@@ -502,25 +568,44 @@ def _check_delivery(root, name, seq, expect, what):
     raise error
 
 
+def _record_delivery(rec, seq, msg, delivery):
+    """Write the receive count of a delivery whose Claim was never written (a process that
+    holds its storage alone writes none): (receive count, first, last receive time)."""
+    if delivery is None:
+        return
+    receive_count, first, last = delivery
+    if receive_count > msg.receive_count:
+        rec.messages[seq] = msg._replace(receive_count=receive_count, last_received=last,
+                                         first_received=msg.first_received or first)
+        if receive_count > 1:
+            rec.counts.add(redelivered=1)
+
+
 class Release(_Op):
     """A give-back: an in-flight message returns to its place, now or at visible_at.
 
     With expect (shared queues: the receive count of the delivery giving it back) it is
     refused unless that delivery is still the live one."""
 
-    __slots__ = ("name", "seq", "key", "visible_at", "expect")
+    __slots__ = ("name", "seq", "key", "visible_at", "expect", "at", "delivery")
 
-    def __init__(self, name, seq, key, visible_at=None, expect=None):
+    def __init__(self, name, seq, key, visible_at=None, expect=None, at=None, delivery=None):
         self.name, self.seq, self.key, self.visible_at = name, seq, key, visible_at
-        self.expect = expect
+        self.expect, self.at, self.delivery = expect, at, delivery
 
     def check(self, root):
         _check_delivery(root, self.name, self.seq, self.expect, "the give-back")
 
     def apply(self, root):
         rec = _queue(root, self.name)
-        if self.seq not in rec.messages:
+        msg = rec.messages.get(self.seq)
+        if msg is None:
             return
+        if self.at is not None and msg.expires_at is not None and msg.expires_at <= self.at:
+            rec.take_out(self.seq)            # given back after its retention: it expires
+            rec.counts.add(expired=1)
+            return
+        _record_delivery(rec, self.seq, msg, self.delivery)
         rec.detach(self.seq, self.key)
         rec.make_ready(self.seq, self.key, self.visible_at)
         rec.counts.add(given_back=1)
@@ -531,10 +616,11 @@ class Ack(_Op):
 
     With expect (shared queues) it is refused unless that delivery is still the live one."""
 
-    __slots__ = ("name", "seq", "key", "expect")
+    __slots__ = ("name", "seq", "key", "expect", "delivery")
 
-    def __init__(self, name, seq, key, expect=None):
+    def __init__(self, name, seq, key, expect=None, delivery=None):
         self.name, self.seq, self.key, self.expect = name, seq, key, expect
+        self.delivery = delivery
 
     def check(self, root):
         _check_delivery(root, self.name, self.seq, self.expect, "the acknowledgement")
@@ -546,6 +632,8 @@ class Ack(_Op):
         rec.detach(self.seq, self.key)
         rec.delete_message(self.seq)
         rec.counts.add(acked=1)
+        if self.delivery is not None and self.delivery[0] > 1:
+            rec.counts.add(redelivered=1)
 
 
 class Promote(_Op):
@@ -664,3 +752,155 @@ class ExpireLease(_Op):
     def apply(self, root):
         del ensure_leases(root)[self.lease_id]
         self.given_back = _give_back_unleased(root)
+
+
+class DeadLetter(_Op):
+    """A message received too many times leaves its queue: it moves to the queue named
+    target (created if missing) with its history, or is dropped when target is None.
+
+    In a storage this process holds alone, target_seq is chosen in memory; through a server
+    the store numbers it, and the move is refused (ClaimLost) unless the message is still
+    ready with receive count expect."""
+
+    __slots__ = ("name", "seq", "target", "target_seq", "at", "expect")
+
+    def __init__(self, name, seq, target, target_seq, at, expect=None):
+        self.name, self.seq, self.target, self.target_seq = name, seq, target, target_seq
+        self.at, self.expect = at, expect
+
+    def check(self, root):
+        if self.expect is None:
+            return
+        rec = _queue(root, self.name)
+        msg = rec.messages.get(self.seq)
+        if not rec.is_ready(self.seq, msg) or msg.receive_count != self.expect:
+            raise ClaimLost(f"message {self.seq} of queue {self.name!r} is no longer ready")
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        if self.seq not in rec.messages:
+            return
+        msg = rec.take_out(self.seq)
+        rec.counts.add(dead_lettered=1)
+        if self.target is None:
+            rec.counts.add(dropped=1)
+            return
+        target = ensure_queue(root, self.target, None)
+        if self.target_seq is None:
+            self.target_seq = target.next_seq.take()
+        target.move_in(self.target_seq, msg._replace(
+            sequence=msg.sequence or self.seq, source=self.name,
+            expires_at=self.at + DEAD_LETTER_RETENTION))
+
+
+class Redrive(_Op):
+    """Dead letters go back to the queue they came from (or to ``to``), with a new sequence
+    number there, their first one kept, and their receive count started again.
+
+    moves: [(seq, target name, target seq)] chosen in memory; None (through a server): every
+    ready message of the queue that came from another queue, numbered by the store.
+    ``moved`` lists (seq, target, target seq) once applied."""
+
+    __slots__ = ("name", "moves", "to", "at", "moved")
+
+    def __init__(self, name, moves, at, to=None):
+        self.name, self.moves, self.at, self.to = name, moves, at, to
+        self.moved = []
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        moves = self.moves
+        if moves is None:
+            moves = [(seq, self.to or msg.source, None) for seq, msg in rec.messages.items()
+                     if (msg.source or self.to) and rec.is_ready(seq, msg)]
+        self.moved = []
+        for seq, target_name, target_seq in moves:
+            if not rec.is_ready(seq):
+                continue
+            msg = rec.take_out(seq)
+            rec.counts.add(redriven=1)
+            target = ensure_queue(root, target_name, None)
+            if target_seq is None:
+                target_seq = target.next_seq.take()
+            target.move_in(target_seq, msg._replace(
+                receive_count=0, first_received=None, last_received=None, source=None,
+                sequence=msg.sequence or seq, expires_at=self.at + DEFAULT_RETENTION))
+            self.moved.append((seq, target_name, target_seq))
+
+
+class Expire(_Op):
+    """A message that waited past its retention leaves the queue (unless it is in flight:
+    then it expires when it is given back)."""
+
+    __slots__ = ("name", "seq", "at")
+
+    def __init__(self, name, seq, at):
+        self.name, self.seq, self.at = name, seq, at
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        msg = rec.messages.get(self.seq)
+        if (msg is None or msg.expires_at is None or msg.expires_at > self.at
+                or msg.holder is not None or self.seq in rec.inflight):
+            return
+        rec.take_out(self.seq)
+        rec.counts.add(expired=1)
+
+
+class Purge(_Op):
+    """Remove ready and delayed messages: the listed seqs, or (seqs None, through a server)
+    all of them.  ``count`` says how many went."""
+
+    __slots__ = ("name", "seqs", "count")
+
+    def __init__(self, name, seqs=None):
+        self.name, self.seqs = name, seqs
+        self.count = 0
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        seqs = self.seqs
+        if seqs is None:
+            seqs = [seq_of_key(rec.kind, key) for key in rec.ready] + list(rec.delayed.keys())
+        self.count = 0
+        for seq in seqs:
+            msg = rec.messages.get(seq)
+            if msg is None or msg.holder is not None or seq in rec.inflight:
+                continue
+            rec.take_out(seq)
+            self.count += 1
+        rec.counts.add(purged=self.count)
+
+
+class PruneDedup(_Op):
+    """Forget dedup ids whose window has passed."""
+
+    __slots__ = ("name", "at")
+
+    def __init__(self, name, at):
+        self.name, self.at = name, at
+
+    def apply(self, root):
+        dedup = _queue(root, self.name).dedup
+        if dedup is None:
+            return
+        for dedup_id in [k for k, until in dedup.items() if until <= self.at]:
+            del dedup[dedup_id]
+
+
+class SetDeadline(_Op):
+    """A new visibility deadline for a delivery held through a server (change_visibility);
+    refused (StaleAck) unless that delivery is still the live one."""
+
+    __slots__ = ("name", "seq", "deadline", "lease", "expect")
+
+    def __init__(self, name, seq, deadline, lease, expect):
+        self.name, self.seq, self.deadline = name, seq, deadline
+        self.lease, self.expect = lease, expect
+
+    def check(self, root):
+        _check_delivery(root, self.name, self.seq, self.expect, "the visibility change")
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        rec.leased_by(self.lease, create=True)[self.seq] = float(self.deadline or 0.0)

@@ -49,17 +49,42 @@ def test_two_removals_of_one_key_conflict(two):
         tm_b.commit()
 
 
-def test_a_key_added_to_a_segment_emptied_meanwhile_is_not_lost(two):
-    """One transaction empties a segment (unlinking it from the index) while another adds
+def test_a_key_added_to_a_segment_emptied_meanwhile_merges(two):
+    """An emptied segment stays in the index, so a concurrent add to it simply merges."""
+    (tm_a, a), (tm_b, b) = two
+    a.remove(9)                  # segment 1 (keys 8-15) becomes empty
+    b.add(10)                    # into segment 1
+    tm_a.commit()
+    tm_b.commit()
+    assert keys_after(two[0]) == [1, 2, 3, 10]
+
+
+def test_a_key_added_to_a_segment_compacted_meanwhile_is_not_lost(two):
+    """One transaction drops an empty segment from the index (compact) while another adds
     to it: the second must conflict, and its retry must land the key where it is found."""
     (tm_a, a), (tm_b, b) = two
-    a.remove(9)                  # segment 1 (keys 8-15) becomes empty and is unlinked
-    b.add(10)                    # into segment 1, as b still sees it
+    for key in (1, 2, 3):
+        a.remove(key)            # segment 0 (keys 0-7) becomes empty
+    tm_a.commit()
+    tm_a.begin()
+    tm_b.begin()
+    assert a.has_empty_head()
+    assert a.compact() == 1      # unlinks segment 0 (not the last one, which it keeps)
+    b.add(4)                     # into segment 0, as b still sees it
     tm_a.commit()
     with pytest.raises(ConflictError):
         tm_b.commit()
     tm_b.abort()
     tm_b.begin()
-    b.add(10)
+    b.add(4)
     tm_b.commit()
-    assert keys_after(two[0]) == [1, 2, 3, 10]
+    assert keys_after(two[0]) == [4, 9]
+
+
+def test_compact_keeps_the_last_segment(two):
+    (tm_a, a), _ = two
+    a.remove(9)
+    assert not a.has_empty_head()     # the empty segment is the last: where keys go next
+    assert a.compact() == 0
+    tm_a.commit()
+    assert keys_after(two[0]) == [1, 2, 3]

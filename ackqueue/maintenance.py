@@ -1,0 +1,276 @@
+"""Giving back the space of acknowledged messages: packing, by hand or automatically.
+
+Why the file grows: every commit appends new revisions of the small persistent objects it
+changed (ackqueue.store: a put or an ack rewrites a segment of 64 neighbouring messages and a
+few counters) and leaves the old revisions in place.  Acknowledged messages and emptied
+segments stay in the file too, unreferenced.  Nothing of that is ever read again; a ZODB
+*pack* removes it.
+
+Contract:
+
+- ``pack(database, keep_seconds=0.0)`` packs the storage under a queue (an
+  ackqueue.storage.Database): it drops every revision that was no longer current
+  keep_seconds ago and every object nothing reaches any more.  What is queued, in flight or
+  delayed is untouched, in order.  It runs while other threads (and, through a server,
+  other processes) keep putting, getting and acknowledging: FileStorage copies the live
+  data to ``FILE.pack`` beside the file without stopping writers, then briefly holds
+  commits while it copies what they wrote meanwhile and swaps the files.  It packs the
+  whole storage: with AckQueue(db=...) that is the application's database too.
+- Through a server (zeo://) the server packs its file.  In memory (MappingStorage) the
+  old revisions are dropped from memory.
+- Failure (a full disk, an I/O error, a lost server) raises ackqueue.errors.StorageError
+  (ServerUnavailable for a lost server); the file is left as it was, no ``.pack`` file is
+  left behind, and the queue stays usable.
+- Free disk: the packed copy is written beside the file before it replaces it, so a pack
+  needs free space about the size of the live data (what the file holds after the pack;
+  never more than the file's current size).  Queue files are opened without keeping the
+  pre-pack ``.old`` copy (ackqueue.storage.open_file_storage), so nothing more is needed
+  and the space is given back as soon as the pack ends.
+- Packing drops the revisions that concurrent readers with an older snapshot might still
+  want; ZODB then raises ReadConflictError, a ConflictError, which ackqueue's committer
+  retries.  keep_seconds > 0 keeps recent revisions and avoids this entirely.
+- ``AutoPacker`` (``Database.enable_autopack(threshold)``) packs whenever the storage has
+  grown by threshold bytes since the last pack (or since it started), checking every few
+  seconds; it stops, finishing a pack in progress, when the Database is closed.
+"""
+import collections
+import dataclasses
+import logging
+import os
+import shutil
+import threading
+import time
+
+from ZEO.Exceptions import ClientDisconnected
+from ZODB.FileStorage import FileStorage
+from ZODB.MappingStorage import MappingStorage
+from ZODB.serialize import referencesf
+
+from .errors import ServerUnavailable, StorageError
+
+__all__ = ["PackReport", "pack", "AutoPacker", "autopack_threshold",
+           "DEFAULT_AUTOPACK_BYTES", "DEFAULT_CHECK_INTERVAL"]
+
+log = logging.getLogger(__name__)
+
+# autopack=True packs after every 256 MB of growth.  A pack reads the whole file and writes
+# the live data, so packing after G bytes of growth costs at most about one extra read of
+# G (plus a copy of the backlog) per G written: I/O stays within a small factor of what the
+# queue writes anyway.  A small message costs a few KB of file per put-get-ack (segment
+# revisions), so 256 MB is some 50,000-100,000 messages between packs: a few seconds of
+# packing every few minutes of heavy traffic, and the file stays within 256 MB of its live
+# size.  Lower it for small disks, raise it for very busy queues with a large backlog.
+DEFAULT_AUTOPACK_BYTES = 256 * 1024 * 1024
+DEFAULT_CHECK_INTERVAL = 5.0    # seconds between size checks (os.stat of the file: cheap)
+MEASURE_SHARE = 0.01            # a costly size measure (memory) takes at most 1% of the time
+RETRY_AFTER = 600.0             # seconds before a failed automatic pack is tried again
+
+
+@dataclasses.dataclass(frozen=True)
+class PackReport:
+    """What one pack did.  Sizes are bytes of the data file (None in memory, or through a
+    server that did not report them); seconds is the pack's measured duration."""
+
+    size_before: object
+    size_after: object
+    seconds: float
+    storage: str
+
+    @property
+    def freed(self):
+        """Bytes given back (None when a size is unknown)."""
+        if self.size_before is None or self.size_after is None:
+            return None
+        return self.size_before - self.size_after
+
+
+def pack(database, *, keep_seconds=0.0):
+    """Pack the storage under a queue; see the module docstring.  Returns a PackReport."""
+    report = _pack(database, _check_keep(keep_seconds))
+    log.info("ackqueue: packed %s: %s -> %s bytes in %.2f s", report.storage,
+             _fmt(report.size_before), _fmt(report.size_after), report.seconds)
+    return report
+
+
+def _check_keep(keep_seconds):
+    if isinstance(keep_seconds, bool) or not isinstance(keep_seconds, (int, float)):
+        raise TypeError(f"keep_seconds must be a number, not {type(keep_seconds).__name__}")
+    if not keep_seconds >= 0:          # also refuses NaN
+        raise ValueError(f"keep_seconds must be >= 0, not {keep_seconds!r}")
+    return keep_seconds
+
+
+def _pack(database, keep_seconds):
+    with database.pack_lock:           # one pack at a time per Database (see storage.py)
+        if database.closed:
+            raise StorageError(f"cannot pack {database.description}: it is closed")
+        storage = database.db.storage
+        before = _file_size(storage)
+        start = time.monotonic()
+        try:
+            _pack_storage(storage, time.time() - keep_seconds)
+        except ClientDisconnected as exc:
+            raise ServerUnavailable(
+                f"cannot pack {database.description}: the server is unreachable ({exc}); "
+                "nothing was changed") from exc
+        except Exception as exc:
+            _remove_pack_leftover(storage)
+            raise StorageError(
+                f"packing {database.description} failed ({type(exc).__name__}: {exc}); the "
+                f"queue was left as it was and is still usable.{_disk_hint(storage, before)}"
+            ) from exc
+        return PackReport(before, _file_size(storage), time.monotonic() - start,
+                          database.description)
+
+
+def _pack_storage(storage, t):
+    try:
+        # Called on the storage rather than through ZODB.DB.pack, which would log the
+        # failure's traceback on top of the error raised here.
+        storage.pack(t, referencesf)
+    except ValueError as exc:
+        # MappingStorage refuses to pack to an earlier time than its last pack, where
+        # FileStorage quietly does nothing ("redundant pack"): do nothing here too.
+        if not (isinstance(storage, MappingStorage) and "Already packed" in str(exc)):
+            raise
+
+
+def _file_size(storage):
+    """Bytes of the data file: a FileStorage's file, the server's (as it last reported), or
+    None (memory, or another kind of storage)."""
+    if isinstance(storage, FileStorage):
+        return os.path.getsize(storage._file_name)
+    if isinstance(storage, MappingStorage):
+        return None
+    size = getattr(storage, "getSize", None)
+    if size is None or not hasattr(storage, "is_connected"):     # not a ZEO ClientStorage
+        return None
+    try:
+        return int(size())
+    except Exception:
+        return None
+
+
+def _growth_size(storage):
+    """A size to watch for growth: the data file's, or an estimate (memory, others)."""
+    size = _file_size(storage)
+    if size is None:
+        try:
+            size = int(storage.getSize())  # MappingStorage: walks the records (see MEASURE_SHARE)
+        except Exception:
+            return None
+    return size
+
+
+def _remove_pack_leftover(storage):
+    # FileStorage removes its FILE.pack when a write fails (OSError), but not on every
+    # error.  Remove it unless another pack of this storage (the application's own, with
+    # AckQueue(db=...)) is still writing it.
+    if isinstance(storage, FileStorage) and not storage._pack_is_in_progress:
+        try:
+            os.remove(storage._file_name + ".pack")
+        except OSError:
+            pass
+
+
+def _disk_hint(storage, size):
+    if not isinstance(storage, FileStorage):
+        return ""
+    try:
+        free = shutil.disk_usage(os.path.dirname(storage._file_name) or ".").free
+    except OSError:
+        return ""
+    return (f" Packing writes a packed copy beside the file and needs free disk about the "
+            f"size of the live data (at most the file's {_fmt(size)} bytes); "
+            f"{_fmt(free)} bytes are free.")
+
+
+def _fmt(n):
+    return "?" if n is None else f"{n:,}"
+
+
+def autopack_threshold(value):
+    """Check AckQueue's autopack= option: None/False -> None (off), True ->
+    DEFAULT_AUTOPACK_BYTES, a positive int -> that many bytes of growth between packs."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return DEFAULT_AUTOPACK_BYTES
+    if not isinstance(value, int):
+        raise TypeError(f"autopack must be None, a bool or an int number of bytes of growth "
+                        f"between packs, not {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"autopack must be a positive number of bytes, not {value}")
+    return value
+
+
+class AutoPacker:
+    """A daemon thread that packs database whenever its storage has grown by at least
+    threshold bytes since the last pack (or since the thread started).  Made and stopped by
+    Database.enable_autopack() and Database's close; ``reports`` holds the latest PackReports."""
+
+    def __init__(self, database, threshold, *, interval=DEFAULT_CHECK_INTERVAL,
+                 keep_seconds=0.0):
+        self.database = database
+        self.threshold = autopack_threshold(threshold)
+        if self.threshold is None:
+            raise ValueError("an AutoPacker needs a threshold")
+        if not interval > 0:
+            raise ValueError(f"interval must be positive, not {interval!r}")
+        self.interval = interval
+        self.keep_seconds = _check_keep(keep_seconds)
+        self.reports = collections.deque(maxlen=32)     # the latest PackReports, oldest first
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"ackqueue-autopack {database.description}")
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    @property
+    def alive(self):
+        return self._thread.is_alive()
+
+    def stop(self):
+        """Stop checking; a pack in progress is finished first."""
+        self._stop.set()
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self):
+        storage = self.database.db.storage
+        base = _growth_size(storage)        # the size the growth is counted from
+        retry_at = 0.0
+        wait = self.interval
+        while not self._stop.wait(wait):
+            began = time.monotonic()
+            size = _growth_size(storage)
+            # A costly measure (MappingStorage.getSize walks every record) is taken
+            # rarely enough to cost at most MEASURE_SHARE of the time.
+            wait = max(self.interval, (time.monotonic() - began) / MEASURE_SHARE)
+            if size is None or base is None:
+                base = size
+                continue
+            if size - base < self.threshold or time.monotonic() < retry_at:
+                continue
+            try:
+                report = _pack(self.database, self.keep_seconds)
+            except StorageError as exc:
+                if self.database.closed:
+                    return
+                self.failures += 1
+                retry_at = time.monotonic() + RETRY_AFTER
+                log.warning("ackqueue: automatic pack failed, trying again in %g s: %s",
+                            RETRY_AFTER, exc)
+                continue
+            except Exception:  # pragma: no cover - a bug must not pass silently
+                log.exception("ackqueue: automatic pack failed")
+                return
+            self.reports.append(report)
+            log.info("ackqueue: automatic pack of %s (grew %s bytes, threshold %s): "
+                     "%s -> %s bytes in %.2f s", report.storage, _fmt(size - base),
+                     _fmt(self.threshold), _fmt(report.size_before), _fmt(report.size_after),
+                     report.seconds)
+            base = _growth_size(storage)

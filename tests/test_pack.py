@@ -1,0 +1,390 @@
+"""Space (issue 4 item 10): packing gives back the space of acknowledged messages and old
+revisions, on a file, in memory and through a server, while the queue is in use, by hand
+(ackqueue.maintenance.pack) or automatically (Database.enable_autopack).
+
+Deterministic: no timed assertions; waits for real background threads are bounded loops of
+tiny sleeps whose bound only turns a hang into a failure."""
+import logging
+import os
+import threading
+import time
+
+import pytest
+
+from ackqueue import AckQueue, Empty, StorageError, maintenance
+from ackqueue.maintenance import (DEFAULT_AUTOPACK_BYTES, AutoPacker, PackReport,
+                                  autopack_threshold)
+from zeo_server import Server, read_line, spawn
+
+BOUND = 60      # seconds: failure bound for background work that should finish promptly
+
+
+def churn(q, messages, batch=100, singles=200):
+    """Put and acknowledge `messages` messages: most in transactions of `batch`, the last
+    `singles` one commit per put and per ack (the way most programs use a queue)."""
+    n = 0
+    while n < messages - singles:
+        with q.transaction():
+            for _ in range(batch):
+                q.put(("done", n))
+                n += 1
+        with q.transaction():
+            for _ in range(batch):
+                q.ack(q.get_nowait())
+    while n < messages:
+        q.put(("done", n))
+        n += 1
+        q.ack(q.get_nowait())
+
+
+def drain(q):
+    items = []
+    while True:
+        try:
+            item = q.get_nowait()
+        except Empty:
+            return items
+        items.append(item)
+        q.ack(item)
+
+
+def wait_until(predicate, what):
+    deadline = time.monotonic() + BOUND
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+KEPT = [("kept", i, "x" * 50) for i in range(40)]
+
+
+# -- (a) a file shrinks back and keeps what is queued ------------------------------------
+
+def test_pack_gives_back_the_space_and_keeps_every_queued_message(tmp_path):
+    path = tmp_path / "q.fs"
+    q = AckQueue(path=path)
+    churn(q, 3000)
+    for item in KEPT:                       # the backlog that must survive, in order
+        q.put(item)
+    held = q.get_nowait()                   # one message in flight across the pack
+    assert held == KEPT[0]
+    with AckQueue(path=path, name="other") as other:
+        churn(other, 300, singles=100)      # more traffic, on another queue of the file
+    before = os.path.getsize(path)
+
+    report = maintenance.pack(q._database)
+
+    after = os.path.getsize(path)
+    assert isinstance(report, PackReport)
+    assert (report.size_before, report.size_after) == (before, after)
+    assert report.freed == before - after and report.seconds >= 0
+    assert report.storage == q._database.description
+    assert after < before / 20, (before, after)
+    # Nothing is left beside the file: no packed copy, no pre-pack .old copy.
+    assert not os.path.exists(f"{path}.pack") and not os.path.exists(f"{path}.old")
+
+    # As small as a fresh queue holding the same messages, written in one commit.
+    fresh_path = tmp_path / "fresh.fs"
+    with AckQueue(path=fresh_path) as fresh:
+        with fresh.transaction():
+            for item in KEPT:
+                fresh.put(item)
+        fresh_item = fresh.get_nowait()     # the same state: one in flight
+    fresh_size = os.path.getsize(fresh_path)
+    assert after < fresh_size * 1.5 + 4096, (after, fresh_size)
+
+    # The queue works on: the held message is acked, the rest come in order.
+    q.ack(held)
+    assert fresh_item == held
+    assert q.get_nowait() == KEPT[1]
+    q.put("after pack")
+    q.close()                               # KEPT[1] goes back (never acked)
+
+    q = AckQueue(path=path)
+    assert drain(q) == KEPT[1:] + ["after pack"]
+    q.close()
+
+
+def test_a_pack_that_finds_nothing_to_drop_changes_nothing(tmp_path):
+    path = tmp_path / "q.fs"
+    with AckQueue(path=path) as q:
+        with q.transaction():
+            for item in KEPT:
+                q.put(item)
+        maintenance.pack(q._database)
+        report = maintenance.pack(q._database)      # nothing left to drop
+        assert report.size_after == report.size_before == os.path.getsize(path)
+        assert drain(q) == KEPT
+
+
+# -- (b) packing while other threads work -------------------------------------------------
+
+def test_pack_while_threads_put_get_and_ack(tmp_path):
+    path = tmp_path / "q.fs"
+    q = AckQueue(path=path)
+    churn(q, 2000)
+    backlog = [("backlog", i) for i in range(500)]
+    with q.transaction():
+        for item in backlog:
+            q.put(item)
+    q.close()
+    q = AckQueue(path=path)       # reopened: the backlog's bodies are read from the file
+
+    stop = threading.Event()
+    put, got, errors = [], [], []
+    progress = threading.Semaphore(0)
+
+    def producer():
+        n = 0
+        while not stop.is_set():
+            if n % 5 == 0:
+                with q.transaction():
+                    items = [("new", n + i) for i in range(5)]
+                    for item in items:
+                        q.put(item)
+                put.extend(items)
+                n += 5
+            else:
+                q.put(("new", n))
+                put.append(("new", n))
+                n += 1
+            progress.release()
+
+    def consumer():
+        while not stop.is_set() or q.qsize():
+            try:
+                item = q.get(timeout=0.05)
+            except Empty:
+                continue
+            got.append(item)
+            q.ack(item)
+            progress.release()
+
+    def guarded(target):
+        def run():
+            try:
+                target()
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+        return run
+
+    threads = [threading.Thread(target=guarded(f)) for f in (producer, consumer, consumer)]
+    for t in threads:
+        t.start()
+    reports = []
+    try:
+        for _ in range(3):
+            for _ in range(300):             # let the workers move on between packs
+                assert progress.acquire(timeout=BOUND), errors
+            reports.append(maintenance.pack(q._database))
+        for _ in range(300):
+            assert progress.acquire(timeout=BOUND), errors
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(BOUND)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    assert reports[0].size_after < reports[0].size_before / 2
+
+    # Nothing lost, nothing delivered twice, and the queue still works.
+    assert len(got) == len(set(got))
+    assert sorted(got, key=repr) == sorted(backlog + put, key=repr)
+    q.put("still works")
+    assert q.get_nowait() == "still works"
+    q.task_done()
+    assert q.unfinished_tasks == 0
+    q.close()
+    with AckQueue(path=path) as q:
+        assert q.qsize() == 0 and q.unfinished_tasks == 0
+
+
+# -- (c) through a server --------------------------------------------------------------------
+
+def test_pack_through_a_server_packs_the_servers_file(tmp_path):
+    path = tmp_path / "shared.fs"
+    server = Server(path, tmp_path / "server.log")
+    try:
+        q = AckQueue(path=server.url)
+        churn(q, 300, singles=100)
+        for item in KEPT:
+            q.put(item)
+        held = q.get_nowait()
+        before = os.path.getsize(path)
+
+        # Another thread keeps using the queue while the server packs.
+        done, errors, extra = threading.Event(), [], []
+
+        def worker():
+            try:
+                for n in range(50):
+                    q.put(("extra", n))
+                    extra.append(("extra", n))
+                done.set()
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+                done.set()
+        t = threading.Thread(target=worker)
+        t.start()
+        report = maintenance.pack(q._database)
+        t.join(BOUND)
+        assert not errors, errors
+
+        after = os.path.getsize(path)
+        assert report.storage == f"server {server.url}"
+        assert report.size_after < report.size_before / 5     # as the server reports them
+        assert after < before / 5, (before, after)
+        assert not os.path.exists(f"{path}.pack") and not os.path.exists(f"{path}.old")
+        q.ack(held)
+        assert drain(q) == KEPT[1:] + extra
+        q.close()
+    finally:
+        server.stop()
+
+
+# -- (d) the automatic policy -----------------------------------------------------------------
+
+def test_autopack_packs_by_itself_and_stops_on_close(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="ackqueue.maintenance")
+    path = tmp_path / "q.fs"
+    q = AckQueue(path=path)
+    database = q._database
+    packer = database.enable_autopack(50_000, interval=0.01)
+    assert isinstance(packer, AutoPacker) and packer.alive
+    assert database.enable_autopack(10**9) is packer and packer.threshold == 50_000
+    assert database.enable_autopack(40_000) is packer and packer.threshold == 40_000
+
+    for item in KEPT:
+        q.put(item)
+    with AckQueue(path=path, name="other") as other:
+        churn(other, 1000, singles=300)     # grows the file far beyond the threshold
+    wait_until(lambda: packer.reports, "an automatic pack")
+    report = packer.reports[0]
+    assert report.size_after < report.size_before
+    assert any("automatic pack" in r.getMessage() and r.levelno == logging.INFO
+               for r in caplog.records)
+    wait_until(lambda: not database.pack_lock.locked(), "the pack to finish")
+    assert drain(q) == KEPT
+
+    thread = packer._thread
+    q.close()
+    assert not packer.alive and thread not in threading.enumerate()
+    with pytest.raises(StorageError):
+        database.enable_autopack(1000)
+
+
+def test_autopack_stays_until_the_last_queue_on_the_file_closes(tmp_path):
+    a = AckQueue(path=tmp_path / "q.fs", name="a")
+    b = AckQueue(path=tmp_path / "q.fs", name="b")
+    assert a._database is b._database
+    packer = a._database.enable_autopack(True)
+    assert packer.threshold == DEFAULT_AUTOPACK_BYTES
+    a.close()
+    assert packer.alive
+    b.close()
+    assert not packer.alive
+
+
+# -- (e) the autopack= option ---------------------------------------------------------------
+
+def test_autopack_threshold_validation():
+    assert autopack_threshold(None) is None
+    assert autopack_threshold(False) is None
+    assert autopack_threshold(True) == DEFAULT_AUTOPACK_BYTES
+    assert autopack_threshold(1) == 1
+    assert autopack_threshold(10**12) == 10**12
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="positive"):
+            autopack_threshold(bad)
+    for bad in (1.5, 1e9, "256MB", b"1", [1]):
+        with pytest.raises(TypeError, match="autopack must be None, a bool or an int"):
+            autopack_threshold(bad)
+
+
+def test_pack_arguments_and_report():
+    with AckQueue() as q:
+        for bad in ("1", None, True):
+            with pytest.raises(TypeError, match="keep_seconds"):
+                maintenance.pack(q._database, keep_seconds=bad)
+        for bad in (-1, float("nan")):
+            with pytest.raises(ValueError, match="keep_seconds"):
+                maintenance.pack(q._database, keep_seconds=bad)
+        with pytest.raises(ValueError):
+            q._database.enable_autopack(None)
+        report = maintenance.pack(q._database)
+        with pytest.raises(Exception):
+            report.seconds = 0              # frozen
+    with pytest.raises(StorageError, match="closed"):
+        maintenance.pack(q._database)
+
+
+# -- (f) in memory --------------------------------------------------------------------------
+
+def test_pack_in_memory_drops_old_revisions():
+    q = AckQueue()
+    storage = q._database.db.storage
+    churn(q, 1000)
+    for item in KEPT:
+        q.put(item)
+    before = storage.getSize()              # MappingStorage's estimate of what it holds
+    report = maintenance.pack(q._database)
+    assert report.size_before is None and report.size_after is None
+    assert report.storage == "memory"
+    assert storage.getSize() < before / 10
+    # Packing again, even to an earlier time, is harmless.
+    maintenance.pack(q._database, keep_seconds=3600)
+    maintenance.pack(q._database)
+    assert drain(q) == KEPT
+    q.put("after")
+    assert q.get_nowait() == "after"
+    q.close()
+
+
+# -- a pack that fails leaves the queue as it was ---------------------------------------------
+
+FULL_DISK_CHILD = """
+import os, resource, signal, sys
+from ackqueue import AckQueue, StorageError, maintenance
+path = sys.argv[1]
+q = AckQueue(path=path)
+for n in range(300):
+    q.put(("done", n))
+    q.ack(q.get_nowait())
+for n in range(20):
+    q.put(("kept", n))
+before = os.path.getsize(path)
+# A real write failure: files may not grow beyond 1 KB (EFBIG instead of SIGXFSZ), as
+# when the disk is full.  The queue file is already larger, so the packed copy fails.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
+try:
+    maintenance.pack(q._database)
+except StorageError as exc:
+    error = exc
+finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+print(type(error).__name__, type(error.__cause__).__name__)
+print("free disk" in str(error) and "still usable" in str(error))
+print(os.path.exists(path + ".pack"), os.path.getsize(path) == before)
+q.put("after")
+print([q.get_nowait() for _ in range(21)] == [("kept", n) for n in range(20)] + ["after"])
+print(maintenance.pack(q._database).size_after < before)
+q.close()
+"""
+
+
+def test_a_failed_pack_raises_storage_error_and_leaves_the_queue_usable(tmp_path):
+    child = spawn(FULL_DISK_CHILD, tmp_path / "q.fs")
+    try:
+        assert read_line(child) == "StorageError OSError"
+        assert read_line(child) == "True"               # the message says what to do
+        assert read_line(child) == "False True"         # no .pack left, file unchanged
+        assert read_line(child) == "True"               # every message, in order
+        assert read_line(child) == "True"               # and packing works again
+        assert child.wait(BOUND) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
