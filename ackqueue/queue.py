@@ -503,7 +503,8 @@ class AckPriorityQueue(AckQueue):
 
 def queues(path_or_db=None):
     """Every named queue of a storage (a file path, a zeo:// URL or a ZODB.DB) with its
-    counts: {name: {"ready": r, "in_flight": f, "delayed": d}}, as its store records them."""
+    counts: {name: {"ready": r, "in_flight": f, "delayed": d}}: as the live queue in this
+    process knows them when it is open here, else as the store records them."""
     if isinstance(path_or_db, str) or path_or_db is None or hasattr(path_or_db, "__fspath__"):
         database = open_database(path_or_db, None, None)
     else:
@@ -517,6 +518,11 @@ def queues(path_or_db=None):
             catalog = conn.root().get(store.ROOT_KEY)
             result = {}
             for name, rec in (catalog.queues.items() if catalog is not None else ()):
+                live = database.states.get(name) if database.exclusive else None
+                if live is not None:
+                    # A lone process writes no claims: its live state knows what is out.
+                    result[name] = live.counts()
+                    continue
                 c = rec.counts
                 result[name] = {"ready": c.get("ready"), "in_flight": c.get("inflight"),
                                 "delayed": c.get("delayed")}

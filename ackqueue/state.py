@@ -488,31 +488,46 @@ class QueueState:
         retention, and messages already received policy.max_receives times, are taken out
         on the way instead of being delivered."""
         endtime = None if (timeout is None or not block) else monotonic() + timeout
-        with self.not_empty:
-            while True:
-                self._wait_ready(front, block, endtime)
-                key = self.ready.pop_random() if shuffle else self.ready.pop()
-                seq = self.seq_of(key)
-                meta = self.meta.pop(seq, None)
-                if meta is None:
-                    try:
-                        meta = load_meta(seq)
-                    except BaseException:
-                        self.ready.push(key)
-                        raise
-                elif meta.receive_count == 0:          # counted in the body cache by put
-                    self.cached_bytes -= len(meta.body)
-                now = self.clock()
-                if meta.expired(now):
-                    self.committer.submit([store.Expire(self.name, seq, now)])
-                    self._left()
-                    continue
-                if (policy is not None and policy.max_receives is not None
-                        and meta.receive_count >= policy.max_receives):
-                    self._dead_letter(seq, key, meta, policy, now)
-                    continue
-                return self._deliver(seq, key, meta, holder, now, visibility_timeout,
-                                     record, policy)
+        moves = []
+        try:
+            with self.not_empty:
+                return self._claim(front, holder, block, endtime, visibility_timeout,
+                                   load_meta, record, shuffle, policy, moves)
+        finally:
+            # A get that moved messages to a dead-letter queue returns (or raises Empty)
+            # once the moves are durable, so that queue is seen holding them right after.
+            for ticket in moves:
+                try:
+                    ticket.wait()
+                except Exception:     # the move failed: the message is back here
+                    log.warning("ackqueue: a dead-letter move failed", exc_info=True)
+
+    def _claim(self, front, holder, block, endtime, visibility_timeout, load_meta, record,
+               shuffle, policy, moves):
+        while True:
+            self._wait_ready(front, block, endtime)
+            key = self.ready.pop_random() if shuffle else self.ready.pop()
+            seq = self.seq_of(key)
+            meta = self.meta.pop(seq, None)
+            if meta is None:
+                try:
+                    meta = load_meta(seq)
+                except BaseException:
+                    self.ready.push(key)
+                    raise
+            elif meta.receive_count == 0:          # counted in the body cache by put
+                self.cached_bytes -= len(meta.body)
+            now = self.clock()
+            if meta.expired(now):
+                self.committer.submit([store.Expire(self.name, seq, now)])
+                self._left()
+                continue
+            if (policy is not None and policy.max_receives is not None
+                    and meta.receive_count >= policy.max_receives):
+                moves.append(self._dead_letter(seq, key, meta, policy, now))
+                continue
+            return self._deliver(seq, key, meta, holder, now, visibility_timeout,
+                                 record, policy)
 
     def _wait_ready(self, front, block, endtime):
         """Wait until a message is ready (queue.Queue.get's rules; call with the mutex)."""
@@ -567,9 +582,8 @@ class QueueState:
         instead of delivering it again (call with the mutex held)."""
         target = policy.target_state
         if target is None:
-            self.committer.submit([store.DeadLetter(self.name, seq, None, None, now)])
             self._left()
-            return
+            return self.committer.submit([store.DeadLetter(self.name, seq, None, None, now)])
         tseq = target._reserve_seqs(1)[0]
         moved = Meta(meta.body, meta.priority, meta.sent_at, meta.receive_count,
                      meta.first_received, meta.last_received,
@@ -585,11 +599,11 @@ class QueueState:
                 self.ready.push(key)
                 self.not_empty.notify()
 
-        self.committer.submit([store.DeadLetter(self.name, seq, policy.target, tseq, now)],
-                              on_commit=lambda: target.arrivals_committed(
-                                  [(tseq, tkey, moved, None)]),
-                              on_fail=failed)
         self._left()
+        return self.committer.submit(
+            [store.DeadLetter(self.name, seq, policy.target, tseq, now)],
+            on_commit=lambda: target.arrivals_committed([(tseq, tkey, moved, None)]),
+            on_fail=failed)
 
     # -- peek, counts, purge, redrive, visibility -------------------------------------------
 
