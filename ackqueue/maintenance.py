@@ -26,9 +26,14 @@ Contract:
   never more than the file's current size).  Queue files are opened without keeping the
   pre-pack ``.old`` copy (ackqueue.storage.open_file_storage), so nothing more is needed
   and the space is given back as soon as the pack ends.
-- Packing drops the revisions that concurrent readers with an older snapshot might still
-  want; ZODB then raises ReadConflictError, a ConflictError, which ackqueue's committer
-  retries.  keep_seconds > 0 keeps recent revisions and avoids this entirely.
+- keep_seconds=0 also drops revisions that a reader whose snapshot began just before the
+  pack may still load: ZODB then raises ReadConflictError ("object deleted, likely by
+  simultaneous pack"), and a server's conflict resolution, which reads the revision a
+  writer started from, gives up (logged by ZODB, then a ConflictError).  The committer
+  retries both, so no operation fails, but background passes may log them.  Snapshots in
+  ackqueue live for milliseconds, so keep_seconds of a few seconds avoids all of it at
+  the cost of keeping those seconds of traffic; the automatic policy keeps
+  AUTOPACK_KEEP_SECONDS.
 - ``AutoPacker`` (``Database.enable_autopack(threshold)``) packs whenever the storage has
   grown by threshold bytes since the last pack (or since it started), checking every few
   seconds; it stops, finishing a pack in progress, when the Database is closed.
@@ -48,8 +53,9 @@ from ZODB.serialize import referencesf
 
 from .errors import ServerUnavailable, StorageError
 
-__all__ = ["PackReport", "pack", "AutoPacker", "autopack_threshold",
-           "DEFAULT_AUTOPACK_BYTES", "DEFAULT_CHECK_INTERVAL"]
+__all__ = ["PackReport", "pack", "AutoPacker", "enable_autopack", "autopack_threshold",
+           "check_keep_seconds",
+           "DEFAULT_AUTOPACK_BYTES", "DEFAULT_CHECK_INTERVAL", "AUTOPACK_KEEP_SECONDS"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +68,11 @@ log = logging.getLogger(__name__)
 # size.  Lower it for small disks, raise it for very busy queues with a large backlog.
 DEFAULT_AUTOPACK_BYTES = 256 * 1024 * 1024
 DEFAULT_CHECK_INTERVAL = 5.0    # seconds between size checks (os.stat of the file: cheap)
+# An automatic pack keeps the last minute of revisions: a reader or a server-side conflict
+# resolution never misses a revision it started from (see above), even with clocks between
+# a client and its server a little apart; a minute of traffic is little next to the
+# threshold.
+AUTOPACK_KEEP_SECONDS = 60.0
 MEASURE_SHARE = 0.01            # a costly size measure (memory) takes at most 1% of the time
 RETRY_AFTER = 600.0             # seconds before a failed automatic pack is tried again
 
@@ -86,13 +97,13 @@ class PackReport:
 
 def pack(database, *, keep_seconds=0.0):
     """Pack the storage under a queue; see the module docstring.  Returns a PackReport."""
-    report = _pack(database, _check_keep(keep_seconds))
+    report = _pack(database, check_keep_seconds(keep_seconds))
     log.info("ackqueue: packed %s: %s -> %s bytes in %.2f s", report.storage,
              _fmt(report.size_before), _fmt(report.size_after), report.seconds)
     return report
 
 
-def _check_keep(keep_seconds):
+def check_keep_seconds(keep_seconds):
     if isinstance(keep_seconds, bool) or not isinstance(keep_seconds, (int, float)):
         raise TypeError(f"keep_seconds must be a number, not {type(keep_seconds).__name__}")
     if not keep_seconds >= 0:          # also refuses NaN
@@ -204,21 +215,57 @@ def autopack_threshold(value):
     return value
 
 
+def enable_autopack(database, threshold, *, interval=None, keep_seconds=None):
+    """Start database's AutoPacker (Database.enable_autopack) and return it.  threshold is
+    an autopack= value other than None/False; interval and keep_seconds default to
+    DEFAULT_CHECK_INTERVAL and AUTOPACK_KEEP_SECONDS.  Idempotent: when the packer runs
+    already, it keeps the smaller threshold (and interval, keep_seconds if given)."""
+    threshold = autopack_threshold(threshold)
+    if threshold is None:
+        raise ValueError("enable_autopack needs a positive number of bytes (or True)")
+    if interval is not None:
+        interval = _check_interval(interval)
+    if keep_seconds is not None:
+        keep_seconds = check_keep_seconds(keep_seconds)
+    with database.lock:     # against a concurrent close (Database._release stops the packer)
+        if database.closed:
+            raise StorageError(f"cannot enable autopack: {database.description} is closed")
+        packer = database.autopacker
+        if packer is None:
+            packer = database.autopacker = AutoPacker(
+                database, threshold, interval=interval or DEFAULT_CHECK_INTERVAL,
+                keep_seconds=AUTOPACK_KEEP_SECONDS if keep_seconds is None else keep_seconds,
+            ).start()
+        else:
+            packer.threshold = min(packer.threshold, threshold)
+            if interval is not None:
+                packer.interval = min(packer.interval, interval)
+            if keep_seconds is not None:
+                packer.keep_seconds = min(packer.keep_seconds, keep_seconds)
+        return packer
+
+
+def _check_interval(interval):
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+        raise TypeError(f"interval must be a number of seconds, not {type(interval).__name__}")
+    if not interval > 0:
+        raise ValueError(f"interval must be positive, not {interval!r}")
+    return interval
+
+
 class AutoPacker:
     """A daemon thread that packs database whenever its storage has grown by at least
     threshold bytes since the last pack (or since the thread started).  Made and stopped by
     Database.enable_autopack() and Database's close; ``reports`` holds the latest PackReports."""
 
     def __init__(self, database, threshold, *, interval=DEFAULT_CHECK_INTERVAL,
-                 keep_seconds=0.0):
+                 keep_seconds=AUTOPACK_KEEP_SECONDS):
         self.database = database
         self.threshold = autopack_threshold(threshold)
         if self.threshold is None:
             raise ValueError("an AutoPacker needs a threshold")
-        if not interval > 0:
-            raise ValueError(f"interval must be positive, not {interval!r}")
-        self.interval = interval
-        self.keep_seconds = _check_keep(keep_seconds)
+        self.interval = _check_interval(interval)
+        self.keep_seconds = check_keep_seconds(keep_seconds)
         self.reports = collections.deque(maxlen=32)     # the latest PackReports, oldest first
         self.failures = 0
         self._stop = threading.Event()

@@ -265,6 +265,8 @@ class AckQueue(_stdlib_queue.Queue):
         MessageIds.  Options as put(), for every item; dedup_ids: None or one dedup id (or
         None) per item.  With maxsize, waits for room for all of them at once."""
         items = list(items)
+        if isinstance(dedup_ids, (str, bytes)):
+            raise TypeError("dedup_ids must be a list with one dedup id (or None) per item")
         if dedup_ids is not None:
             dedup_ids = [_dedup_id(d) for d in dedup_ids]
             if len(dedup_ids) != len(items):

@@ -207,6 +207,8 @@ class SharedQueueState(QueueState):
             found = self._pick(shuffle)
             if found is not None:
                 return found
+            if self._promote_due():
+                continue              # a delayed message is due: wait for its promotion
             if front.is_shutdown:
                 raise ShutDown
             if not block:
@@ -219,6 +221,17 @@ class SharedQueueState(QueueState):
                     raise Empty
                 self.not_empty.wait(min(remaining, WAIT_RECHECK))
             self._expire()
+
+    def _promote_due(self):
+        """Promote delayed messages whose time has come (a getter found nothing ready);
+        True if it did (the promotion is then being committed, see _return)."""
+        rec = self._record()
+        now = self.clock()
+        due = [seq for seq, visible_at in rec.delayed.items() if visible_at <= now]
+        if not due:
+            return False
+        self._return([store.Promote(self.name, seq, now) for seq in due])
+        return True
 
     def _pick(self, shuffle=False):
         """(seq, store key, Msg) of a ready message nobody in this process is claiming, or
@@ -347,6 +360,10 @@ class SharedQueueState(QueueState):
 
     def counts(self):
         with self.mutex:
+            if self._promote_due():           # due delayed messages count as ready
+                end = monotonic() + WAIT_RECHECK
+                while self._returning and monotonic() < end:
+                    self.not_empty.wait(0.05)
             counts = self._counts()
             return {"ready": counts.get("ready"), "in_flight": counts.get("inflight"),
                     "delayed": counts.get("delayed")}

@@ -90,24 +90,12 @@ class Database:
                 state = self.states[name] = cls(self, name, kind, clock)
             return state
 
-    def enable_autopack(self, threshold_bytes, *, interval=None):
-        """Pack whenever the storage grew by threshold_bytes (ackqueue.maintenance.AutoPacker).
-        Idempotent: a second call keeps the smaller threshold (and check interval)."""
-        from .maintenance import DEFAULT_CHECK_INTERVAL, AutoPacker, autopack_threshold
-        threshold = autopack_threshold(threshold_bytes)
-        if threshold is None:
-            raise ValueError("enable_autopack needs a positive number of bytes (or True)")
-        with self.lock:
-            if self.closed:
-                raise StorageError(f"{self.description} is closed")
-            if self.autopacker is None:
-                self.autopacker = AutoPacker(self, threshold,
-                                             interval=interval or DEFAULT_CHECK_INTERVAL).start()
-            else:
-                self.autopacker.threshold = min(self.autopacker.threshold, threshold)
-                if interval is not None:
-                    self.autopacker.interval = min(self.autopacker.interval, interval)
-            return self.autopacker
+    def enable_autopack(self, threshold_bytes, *, interval=None, keep_seconds=None):
+        """Pack whenever the storage grew by threshold_bytes: see
+        ackqueue.maintenance.enable_autopack (idempotent, keeps the smaller threshold)."""
+        from .maintenance import enable_autopack
+        return enable_autopack(self, threshold_bytes, interval=interval,
+                               keep_seconds=keep_seconds)
 
     def shared_states(self):
         with self.lock:
