@@ -36,7 +36,7 @@ from ZODB.POSException import ConflictError
 
 from . import store
 from .errors import ShutDown, StaleAck
-from .state import (DEFAULT_PUT, SWEEP_COST_FACTOR, SWEEP_INTERVAL, Holding, Meta,
+from .state import (DEFAULT_PUT, _sweep_due, Holding, Meta,
                     QueueState, _loads_or_none, _ValueOrder)
 
 __all__ = ["SharedQueueState"]
@@ -399,21 +399,8 @@ class SharedQueueState(QueueState):
         which are still neither in flight nor gone), and forget passed dedup ids."""
         began, now = monotonic(), self.clock()
         with self.mutex:
-            rec = self._record()
-            due = [seq for seq, msg in rec.messages.items()
-                   if msg.expires_at is not None and msg.expires_at <= now
-                   and msg.holder is None]
-            dedup_due = rec.dedup is not None and any(
-                until <= now for until in rec.dedup.values())
-        ops = [store.Expire(self.name, seq, now) for seq in due]
-        if dedup_due:
-            ops.append(store.PruneDedup(self.name, now))
-        if ops:
-            self.committer.submit(ops)
-        self._swept_at = now
-        self._next_sweep = monotonic() + max(SWEEP_INTERVAL,
-                                             SWEEP_COST_FACTOR * (monotonic() - began))
-        return len(due)
+            due, dedup_due = _sweep_due(self._record(), now)
+        return self._finish_sweep(due, dedup_due, now, began)
 
     # -- what others left behind ----------------------------------------------------------
 

@@ -244,6 +244,15 @@ def check_timeout(timeout, what="timeout"):
     return timeout
 
 
+def _sweep_due(rec, now):
+    """(seqs of the queue record's messages past their retention and not held through a
+    server, whether any dedup id's window has passed)."""
+    due = [seq for seq, msg in rec.messages.items()
+           if msg.expires_at is not None and msg.expires_at <= now and msg.holder is None]
+    dedup_due = rec.dedup is not None and any(until <= now for until in rec.dedup.values())
+    return due, dedup_due
+
+
 def _delivery(h):
     """What the store must learn of a delivery it never saw claimed: (receive count, first
     and last receive times); None when its Claim was written."""
@@ -923,14 +932,14 @@ class QueueState:
         try:
             tm.begin()
             rec = conn.root()[store.ROOT_KEY].queues[self.name]
-            due = [seq for seq, msg in rec.messages.items()
-                   if msg.expires_at is not None and msg.expires_at <= now]
-            dedup_due = rec.dedup is not None and any(
-                until <= now for until in rec.dedup.values())
+            due, dedup_due = _sweep_due(rec, now)
             tm.abort()
         finally:
             conn.close()
-        expired = self._take_out_expired(due, now)
+        return self._finish_sweep(self._take_out_expired(due, now), dedup_due, now, began)
+
+    def _finish_sweep(self, expired, dedup_due, now, began):
+        """Commit the sweep's removals and schedule the next one; returns how many expired."""
         ops = [store.Expire(self.name, seq, now) for seq in expired]
         if dedup_due:
             ops.append(store.PruneDedup(self.name, now))
