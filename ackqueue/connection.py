@@ -15,6 +15,7 @@ store changes are written, just before it commits, through the application's own
 (a second connection of the same database in one transaction would deadlock, ZODB issue
 258), so the application's objects and the queue commit or roll back as one.
 """
+import math
 import pickle
 import threading
 import weakref
@@ -452,8 +453,11 @@ class QueueConnection:
             _forget([h for h in holdings if h.released is not None])
 
     def change_visibility_holding(self, h, seconds):
-        check_timeout(abs(seconds) if isinstance(seconds, (int, float)) and
-                      not isinstance(seconds, bool) else seconds, "seconds")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError(f"seconds must be a number, not {type(seconds).__name__}")
+        if math.isnan(seconds) or math.isinf(seconds):
+            raise ValueError(f"seconds must be a finite number (0 or less gives the item "
+                             f"back now), not {seconds!r}")
         self._state.acknowledging = True
         if seconds <= 0 and h.txn is not None and h in h.txn.got:
             h.txn.got.remove(h)

@@ -19,6 +19,7 @@ What differs from queue.Queue, by design:
   an earlier process.
 """
 import math
+import os
 import queue as _stdlib_queue
 import threading
 import time
@@ -46,7 +47,7 @@ def _seconds(value, what, *, positive=False, allow_none=False):
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    if math.isnan(value) or value < 0 or (positive and value == 0):
+    if math.isnan(value) or math.isinf(value) or value < 0 or (positive and value == 0):
         raise ValueError(f"{what} must be a {'positive' if positive else 'non-negative'} "
                          f"number of seconds, not {value!r}")
     return float(value)
@@ -508,6 +509,9 @@ def queues(path_or_db=None):
     counts: {name: {"ready": r, "in_flight": f, "delayed": d}}: as the live queue in this
     process knows them when it is open here, else as the store records them."""
     if isinstance(path_or_db, str) or path_or_db is None or hasattr(path_or_db, "__fspath__"):
+        where = None if path_or_db is None else os.fspath(path_or_db)
+        if where is not None and not where.startswith("zeo://") and not os.path.exists(where):
+            raise FileNotFoundError(f"no queue file at {where!r}")
         database = open_database(path_or_db, None, None)
     else:
         database = open_database(None, path_or_db, None)

@@ -7,7 +7,8 @@ for the file where persistence matters, and a smaller group runs through a real 
 server (select it with ``-k zeo``).
 
 Deterministic: time is a fake clock that the tests advance (every get/qsize/counts checks
-deadlines itself); real waits are only short timeouts that must expire, and failure bounds.
+deadlines itself); real waits are only short timeouts that must expire, failure bounds, and
+one bounded wait for the retention sweep of the reaper thread.
 Crashes are real child processes that SIGKILL themselves.
 """
 import signal
