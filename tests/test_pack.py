@@ -270,8 +270,9 @@ def test_autopack_packs_by_itself_and_stops_on_close(tmp_path, caplog):
     report = packer.reports[0]
     assert report.size_before >= grown and report.size_after < grown / 10
     assert os.path.getsize(path) < grown / 10
-    assert any("automatic pack" in r.getMessage() and r.levelno == logging.INFO
-               for r in caplog.records)
+    # The packer thread logs right after it records the report: wait for the line too.
+    wait_until(lambda: any("automatic pack" in r.getMessage() and r.levelno == logging.INFO
+                           for r in caplog.records), "the automatic pack's log line")
     assert drain(q) == KEPT
 
     thread = packer._thread
