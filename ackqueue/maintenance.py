@@ -317,9 +317,9 @@ class AutoPacker:
                 log.warning("ackqueue: automatic pack failed, trying again in %g s: %s",
                             RETRY_AFTER, exc, exc_info=not isinstance(exc, StorageError))
                 continue
-            self.reports.append(report)
             log.info("ackqueue: automatic pack of %s (grew %s bytes, threshold %s): "
                      "%s -> %s bytes in %.2f s", report.storage, _fmt(size - base),
                      _fmt(self.threshold), _fmt(report.size_before), _fmt(report.size_after),
                      report.seconds)
+            self.reports.append(report)     # after the log: who sees the report sees the log
             base = _growth_size(storage)
