@@ -11,22 +11,9 @@ import ackqueue
 from ackqueue import (AckLifoQueue, AckPriorityQueue, AckQueue, AckQueueError, Empty, Full,
                       Message, MessageId, NotAQueueFile, NotHeld, QueueKindMismatch,
                       StaleAck, UnpicklableItem)
+from helpers_reliability import FakeClock
 
 BOUND = 5   # seconds: a failure bound for waits that should end at once
-
-
-class FakeClock:
-    def __init__(self, now=1_000_000.0):
-        self.now = now
-        self.lock = threading.Lock()
-
-    def __call__(self):
-        with self.lock:
-            return self.now
-
-    def advance(self, seconds):
-        with self.lock:
-            self.now += seconds
 
 
 @pytest.fixture(params=["memory", "file"])

@@ -28,6 +28,7 @@ from ackqueue import (AckLifoQueue, AckPriorityQueue, AckQueue, AckQueueError, E
                       UnpicklableItem)
 
 from zeo_server import Server
+from helpers_reliability import FakeClock
 
 BOUND = 5               # failure bound for waits that should end at once
 CHILD_TIMEOUT = 60      # failure bound for a child process
@@ -39,20 +40,6 @@ MAX_RETENTION = 14 * DAY
 DEFAULT_DEDUP_WINDOW = 300
 COUNT_KEYS = ("ready", "in_flight", "delayed")
 STATS_KEYS = COUNT_KEYS + ("put", "acked", "redelivered", "dead_lettered", "expired")
-
-
-class FakeClock:
-    def __init__(self, now=1_000_000.0):
-        self.now = now
-        self.lock = threading.Lock()
-
-    def __call__(self):
-        with self.lock:
-            return self.now
-
-    def advance(self, seconds):
-        with self.lock:
-            self.now += seconds
 
 
 # -- fixtures -----------------------------------------------------------------------------
