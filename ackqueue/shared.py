@@ -185,7 +185,7 @@ class SharedQueueState(QueueState):
             with self.mutex:
                 self._claiming.discard(seq)
                 self._spread = max(1, self._spread - 1)
-                meta = Meta(*op.result)
+                meta = Meta.from_msg(op.result, op.result.body)
                 holding = Holding(seq, skey, skey, next(self.tokens), holder, deadline, meta)
                 self.inflight[seq] = holding
                 self.holders.setdefault(holder, {})[seq] = holding

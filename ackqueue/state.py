@@ -517,15 +517,13 @@ class QueueState:
             self._wait_ready(front, block, endtime)
             key = self.ready.pop_random() if shuffle else self.ready.pop()
             seq = self.seq_of(key)
-            meta = self.meta.pop(seq, None)
+            meta = self._uncache(seq)
             if meta is None:
                 try:
                     meta = load_meta(seq)
                 except BaseException:
                     self.ready.push(key)
                     raise
-            elif meta.receive_count == 0:          # counted in the body cache by put
-                self.cached_bytes -= len(meta.body)
             now = self.clock()
             if meta.expired(now):
                 self.committer.submit([store.Expire(self.name, seq, now)])
@@ -537,6 +535,14 @@ class QueueState:
                 continue
             return self._deliver(seq, key, meta, holder, now, visibility_timeout,
                                  record, policy)
+
+    def _uncache(self, seq):
+        """Take message seq's Meta out of the body cache (None if it is not there),
+        keeping the cache's byte count: bodies of messages never received are counted."""
+        meta = self.meta.pop(seq, None)
+        if meta is not None and meta.receive_count == 0:
+            self.cached_bytes -= len(meta.body)
+        return meta
 
     def _wait_ready(self, front, block, endtime):
         """Wait until a message is ready (queue.Queue.get's rules; call with the mutex)."""
@@ -629,8 +635,7 @@ class QueueState:
                 if not meta.expired(now):
                     return seq, meta
                 self.ready.pop()
-                if self.meta.pop(seq, None) is not None and meta.receive_count == 0:
-                    self.cached_bytes -= len(meta.body)
+                self._uncache(seq)
                 self.committer.submit([store.Expire(self.name, seq, now)])
                 self._left()
             return None
@@ -665,10 +670,8 @@ class QueueState:
             self.ready = type(self.ready)()
             self.delayed = []
             for seq in seqs:
-                meta = self.meta.pop(seq, None)
-                if meta is not None and meta.receive_count == 0:
-                    self.cached_bytes -= len(meta.body)
-            self._left()
+                self._uncache(seq)
+            self._left(len(seqs))
             self.not_full.notify_all()
         if seqs:
             self.committer.submit([store.Purge(self.name, seqs)]).wait()
@@ -687,7 +690,7 @@ class QueueState:
                 if name is None or name not in targets:
                     continue
                 self.ready.discard(key)
-                self.meta.pop(seq, None)
+                self._uncache(seq)
                 target = targets[name]
                 tseq = target._reserve_seqs(1)[0]
                 back = Meta(meta.body, meta.priority, meta.sent_at, 0, None, None,
@@ -699,7 +702,7 @@ class QueueState:
                     meta.priority)
                 moves.append((seq, name, tseq))
                 taken.append((key, seq, meta, target, (tseq, tkey, back, None)))
-            self._left()
+            self._left(len(moves))
         if not moves:
             return 0
         try:
@@ -967,10 +970,8 @@ class QueueState:
                 self.delayed = delayed
                 heapq.heapify(self.delayed)
             for seq in taken:
-                meta = self.meta.pop(seq, None)
-                if meta is not None and meta.receive_count == 0:
-                    self.cached_bytes -= len(meta.body)
-            self._left()
+                self._uncache(seq)
+            self._left(len(taken))
             return taken
 
     def _reap_pass(self):

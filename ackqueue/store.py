@@ -509,7 +509,7 @@ class Claim(_Op):
     """A delivery: the message goes in flight, with its receive count and deadline.
 
     With a lease (shared queues) the claim is refused unless the message is still ready,
-    the store counts the receive, and ``result`` holds the message's fields once applied."""
+    the store counts the receive, and ``result`` holds its Msg (body inline) once applied."""
 
     __slots__ = ("name", "seq", "key", "receive_count", "at", "deadline", "lease", "result")
 
@@ -530,9 +530,7 @@ class Claim(_Op):
         rec = _queue(root, self.name)
         if self.lease is not None:
             msg = rec.deliver(self.seq, self.deadline, self.lease, self.at)
-            self.result = (rec.body_of(self.seq, msg), msg.priority, msg.sent_at,
-                           msg.receive_count, msg.first_received, msg.last_received,
-                           msg.expires_at, msg.attributes, msg.sequence, msg.source)
+            self.result = msg._replace(body=rec.body_of(self.seq, msg))
             return
         msg = rec.messages.get(self.seq)
         if msg is None:          # acknowledged before this claim reached the store
