@@ -217,7 +217,15 @@ _MSG_CORE = 7          # the fields every stored message has
 class MessageIndex(SegmentedIndex):
     """seq -> Msg, kept inline in the segments (a message is a few hundred bytes of plain
     data, so no persistent object of its own): a put writes one segment, not a record
-    plus a bucket of references to its neighbours."""
+    plus a bucket of references to its neighbours.
+
+    Its segments are smaller than the ready index's (16 messages, not 64) because every
+    put, ack and give-back rewrites a whole segment: with 16, a one-message commit writes
+    about 1.5 KB instead of 5 KB, which a fsync'd commit feels.  The index's bits are
+    stored with it, so files made with 64 keep working."""
+
+    def __init__(self, bits=4):
+        super().__init__(bits)
 
     def get(self, key, default=None):
         value = super().get(key, _MISSING)
