@@ -10,7 +10,7 @@ queue only when acknowledged (ack() or task_done()); otherwise it comes back.
 from queue import Empty, Full
 
 from .connection import QueueConnection
-from .errors import (AckQueueError, DuplicateMessage, NotAQueueFile, NotHeld,
+from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotAQueueFile, NotHeld,
                      QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
                      StorageError, UnpicklableItem)
 from .message import Message, MessageId
@@ -22,5 +22,5 @@ __all__ = [
     "AckQueue", "AckLifoQueue", "AckPriorityQueue", "QueueConnection", "Message",
     "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
-    "ServerUnavailable", "DuplicateMessage", "queues",
+    "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "queues",
 ]

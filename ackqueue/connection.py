@@ -25,7 +25,8 @@ import transaction
 from ZODB.Connection import Connection as _ZODBConnection
 
 from . import store
-from .errors import AckQueueError, DuplicateMessage, NotHeld, StaleAck, UnpicklableItem
+from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, StaleAck,
+                     UnpicklableItem)
 from .message import Message, MessageId
 from .state import DEFAULT_PUT, Meta, check_timeout
 
@@ -58,6 +59,22 @@ def dumps(item):
         raise UnpicklableItem(
             f"cannot queue a {type(item).__name__!r} item: it cannot be pickled ({exc})"
         ) from exc
+
+
+def check_item_sizes(pairs, limit):
+    """Refuse a batch of (item, pickled body) pairs if a body is over limit bytes (None: no
+    limit).  Called before anything is reserved or recorded, so a refusal changes nothing:
+    not the queue, not a transaction block in progress."""
+    if limit is None:
+        return
+    for index, (item, body) in enumerate(pairs):
+        if len(body) > limit:
+            which, lost = (("the item", "nothing was put") if len(pairs) == 1 else
+                           (f"item {index} of {len(pairs)}", "none of them was put"))
+            raise ItemTooLarge(
+                f"cannot queue {which}: a {type(item).__name__!r} that pickles to "
+                f"{len(body)} bytes, over the queue's max_item_size of {limit} bytes; "
+                f"{lost}", size=len(body), limit=limit, index=index)
 
 
 def check_visibility(value):
@@ -272,6 +289,7 @@ class QueueConnection:
         only when a transaction block commits)."""
         check_timeout(timeout)
         pairs = [(item, dumps(item)) for item in items]
+        check_item_sizes(pairs, self._front.max_item_size)    # the bytes the store keeps
         if dedup_ids is None:
             dedup_ids = [None] * len(pairs)
         seen = set()

@@ -5,7 +5,7 @@ import queue as _stdlib_queue
 __all__ = [
     "AckQueueError", "ShutDown", "StaleAck", "NotHeld", "UnpicklableItem",
     "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch", "ServerUnavailable",
-    "Refused", "DuplicateMessage",
+    "Refused", "DuplicateMessage", "ItemTooLarge",
 ]
 
 
@@ -44,6 +44,20 @@ class StaleAck(NotHeld, Refused):
 
 class UnpicklableItem(TypeError, pickle.PicklingError):
     """put() of an item that pickle cannot serialize. The queue is left unchanged."""
+
+
+class ItemTooLarge(AckQueueError, ValueError):
+    """put()/put_many() of an item whose pickled size is over the queue's max_item_size.
+    Nothing was put (for put_many, none of the batch); the queue is left unchanged.
+
+    size and limit are in bytes; index is the item's position in put_many()'s batch (0 for
+    put())."""
+
+    def __init__(self, message, size=None, limit=None, index=None):
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+        self.index = index
 
 
 class StorageError(AckQueueError):

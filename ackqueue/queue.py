@@ -95,6 +95,19 @@ def _dedup_id(value):
     return value
 
 
+def _max_item_size(value):
+    """None (no limit, as queue.Queue) or a positive int: the most bytes an item may pickle to."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_item_size must be an int (bytes) or None, not "
+                        f"{type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"max_item_size must be a positive number of bytes or None, not "
+                         f"{value}")
+    return value
+
+
 def _max_receives(value):
     if value is None:
         return None
@@ -110,7 +123,7 @@ class AckQueue(_stdlib_queue.Queue):
 
     AckQueue(maxsize=0, *, path=None, db=None, name="default", visibility_timeout=None,
     clock=None, thread_exit="auto", durability=None, lifo=False, max_receives=None,
-    dead_letter=None, retention=None, dedup_window=300, autopack=None)
+    dead_letter=None, retention=None, dedup_window=300, autopack=None, max_item_size=None)
 
     - no path and no db: an in-memory ZODB storage (same semantics, nothing survives);
     - path="jobs.fs": a ZODB FileStorage file, created if missing;
@@ -135,7 +148,13 @@ class AckQueue(_stdlib_queue.Queue):
       at most 14; a put can set its own);
     - dedup_window: seconds during which a second put with the same dedup_id is refused;
     - autopack: pack the storage when its file has grown by this many bytes (True: a
-      default), in a background thread (see pack()).
+      default), in a background thread (see pack());
+    - max_item_size: the most bytes an item may take pickled (what the store keeps); a
+      put of a larger one raises ItemTooLarge and stores nothing.  None (the default) sets
+      no limit, as queue.Queue has none: a drop-in must take every item the code it
+      replaces took.  It is this queue object's rule, checked in the putting process before
+      the commit, and not recorded in the storage: items already stored (put without a
+      limit, or by another process) are still delivered, given back and redriven.
     """
 
     _kind = store.FIFO
@@ -143,7 +162,7 @@ class AckQueue(_stdlib_queue.Queue):
     def __init__(self, maxsize=0, *, path=None, db=None, name="default",
                  visibility_timeout=None, clock=None, thread_exit="auto", durability=None,
                  lifo=False, max_receives=None, dead_letter=None, retention=None,
-                 dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None):
+                 dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -170,6 +189,7 @@ class AckQueue(_stdlib_queue.Queue):
         self.retention = (store.DEFAULT_RETENTION if retention is None
                           else _retention(retention))
         self.dedup_window = _seconds(dedup_window, "dedup_window")
+        self.max_item_size = _max_item_size(max_item_size)
         if autopack is not None:
             from .maintenance import autopack_threshold
             autopack = autopack_threshold(autopack)
@@ -249,7 +269,8 @@ class AckQueue(_stdlib_queue.Queue):
         """Put item into the queue; returns once it is durable.
 
         Blocks (or raises queue.Full) as queue.Queue.put does when maxsize is reached.
-        Raises UnpicklableItem (a TypeError) if item cannot be pickled.  Keyword options:
+        Raises UnpicklableItem (a TypeError) if item cannot be pickled, ItemTooLarge (a
+        ValueError) if it pickles to more than the queue's max_item_size.  Keyword options:
         priority (0 to 1000, higher first, FIFO within a level; default 100), delay
         (seconds before it becomes visible), retention (seconds until it expires
         unprocessed; the queue's retention by default, at most 14 days), dedup_id (a str:
@@ -264,7 +285,8 @@ class AckQueue(_stdlib_queue.Queue):
                  delay=0, retention=None, dedup_ids=None, attributes=None):
         """Put every item of items in one commit (all or nothing) and return their
         MessageIds.  Options as put(), for every item; dedup_ids: None or one dedup id (or
-        None) per item.  With maxsize, waits for room for all of them at once."""
+        None) per item.  With maxsize, waits for room for all of them at once.  One item
+        over max_item_size refuses the whole batch (ItemTooLarge, with its index)."""
         items = list(items)
         if isinstance(dedup_ids, (str, bytes)):
             raise TypeError("dedup_ids must be a list with one dedup id (or None) per item")

@@ -1,15 +1,16 @@
 """Bad input and a hostile environment: each gives a clear error, and the queue stays usable
 with nothing lost.
 
-Covered: unpicklable items, an item that pickles but cannot be unpickled, wrong argument
-types, negative and NaN timeouts/delays, a corrupt file, a foreign file, a read-only
-directory and a read-only file (run as an unprivileged user in a child process when the
-tests run as root), a full disk (a child process whose RLIMIT_FSIZE makes the real write
-fail with EFBIG), and a second process on an embedded file (QueueLocked naming the pid).
-
-Not covered: an item over a configurable maximum size (ackqueue has no such setting)."""
+Covered: unpicklable items, an item that pickles but cannot be unpickled, an item over the
+queue's max_item_size (put, put_many, in a transaction, on a connect() proxy, and through a
+real queue server), wrong argument types, negative and NaN timeouts/delays, a corrupt
+file, a foreign file, a read-only directory and a read-only file (run as an unprivileged
+user in a child process when the tests run as root), a full disk (a child process whose
+RLIMIT_FSIZE makes the real write fail with EFBIG), and a second process on an embedded
+file (QueueLocked naming the pid).  README's "Reliability" table lists them."""
 import json
 import os
+import pickle
 import pwd
 import random
 import select
@@ -25,10 +26,12 @@ import threading
 import pytest
 from ZODB.scripts import fstest
 
-from ackqueue import (AckQueue, AckQueueError, Full, NotAQueueFile, NotHeld, QueueLocked,
-                      ServerUnavailable, StorageError, UnpicklableItem)
+from ackqueue import (AckLifoQueue, AckPriorityQueue, AckQueue, AckQueueError, Empty, Full,
+                      ItemTooLarge, NotAQueueFile, NotHeld, QueueLocked, ServerUnavailable,
+                      StorageError, UnpicklableItem)
 from helpers_reliability import (CHILD_TIMEOUT, FakeClock, drain_items, drain_messages,
                                  run_child)
+from zeo_server import Server
 
 NAN = float("nan")
 
@@ -185,6 +188,184 @@ def test_item_that_cannot_be_unpickled_does_not_block_the_items_behind_it(make):
     assert q.unfinished_tasks == 1
 
 
+# -- items over the queue's max_item_size -------------------------------------------------
+
+def pickled_size(item):
+    """The bytes the store keeps for item (what max_item_size limits)."""
+    return len(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+BIG = "x" * 1000
+LIMIT = pickled_size(BIG)
+OVER = BIG + "y"                        # one byte more pickled (checked below)
+
+
+def test_the_boundary_items_are_one_byte_apart():
+    assert pickled_size(OVER) == LIMIT + 1
+
+
+def _assert_too_large(info, size, index=0):
+    exc = info.value
+    assert isinstance(exc, ValueError) and isinstance(exc, AckQueueError)
+    assert (exc.size, exc.limit, exc.index) == (size, LIMIT, index)
+    assert f"pickles to {size} bytes" in str(exc)
+    assert f"max_item_size of {LIMIT} bytes" in str(exc)
+
+
+def test_item_at_max_item_size_passes_and_one_byte_more_is_refused(make):
+    q = make(maxsize=3, max_item_size=LIMIT)
+    assert q.max_item_size == LIMIT
+    q.put("before")
+    q.put(BIG)                                  # exactly the limit: accepted
+    for put in (q.put, q.put_nowait):
+        with pytest.raises(ItemTooLarge) as info:
+            put(OVER)
+        _assert_too_large(info, LIMIT + 1)
+        assert "nothing was put" in str(info.value)
+    assert q.stats()["put"] == 2
+    # The refused puts took no room: one more fits (maxsize 3), then Full.
+    q.put_nowait("after")
+    with pytest.raises(Full):
+        q.put_nowait("e")
+    q = make.reopen(q)
+    assert_intact(q, ["before", BIG, "after"])
+
+
+def test_put_many_with_an_item_over_max_item_size_puts_none_of_them(make):
+    q = make(max_item_size=LIMIT)
+    q.put("a")
+    batch = ["b", BIG, OVER, "c"]
+    with pytest.raises(ItemTooLarge) as info:
+        q.put_many(batch, dedup_ids=["b", "big", "over", "c"])
+    _assert_too_large(info, LIMIT + 1, index=2)
+    assert "item 2 of 4" in str(info.value) and "none of them was put" in str(info.value)
+    assert q.qsize() == 1 and q.stats()["put"] == 1
+    # Nothing of the batch was recorded, its dedup ids included.
+    q.put_many(["b", BIG, "c"], dedup_ids=["b", "big", "c"])
+    q = make.reopen(q)
+    assert_intact(q, ["a", "b", BIG, "c"])
+
+
+def test_put_over_max_item_size_in_a_transaction_leaves_the_block_to_the_caller(make):
+    q = make(max_item_size=LIMIT)
+    for item in ("a", "b"):
+        q.put(item)
+    # Caught inside: the block goes on and commits what it did.
+    with q.transaction():
+        assert q.get() == "a"
+        with pytest.raises(ItemTooLarge):
+            q.put(OVER)
+        with pytest.raises(ItemTooLarge):
+            q.put_many(["fine", OVER])
+        q.put("from-txn")
+    # Let out of the block: it rolls back as a whole ("b" back, "lost" never put).
+    with pytest.raises(ItemTooLarge):
+        with q.transaction():
+            assert q.get() == "b"
+            q.put("lost")
+            q.put(OVER)
+    q = make.reopen(q)
+    assert_intact(q, ["b", "from-txn"])
+
+
+def test_connect_proxy_refuses_an_item_over_max_item_size(make):
+    q = make(max_item_size=LIMIT)
+    q.put("a")
+    with q.connect() as conn:
+        with pytest.raises(ItemTooLarge):
+            conn.put(OVER)
+        with pytest.raises(ItemTooLarge) as info:
+            conn.put_many([OVER])
+        assert info.value.index == 0
+        conn.put(BIG)
+    q = make.reopen(q)
+    assert_intact(q, ["a", BIG])
+
+
+@pytest.mark.parametrize("cls", [AckLifoQueue, AckPriorityQueue])
+def test_every_queue_class_takes_max_item_size(tmp_path, cls):
+    with cls(path=tmp_path / "q.fs", max_item_size=LIMIT) as q:
+        with pytest.raises(ItemTooLarge):
+            q.put(OVER)
+        q.put(BIG)
+        q.put("a")
+    with cls(path=tmp_path / "q.fs") as q:
+        assert sorted(drain_items(q)) == sorted(["a", BIG])
+
+
+def test_stored_items_over_a_front_s_limit_are_still_delivered_given_back_and_redriven(
+        make):
+    """The limit is checked at put only: a larger item already stored (put with no limit,
+    or by another process) is received, given back, dead-lettered and redriven as any."""
+    q = make()                                  # no limit
+    q.put(OVER)
+    q.put("small")
+    shared = {} if make.backend == "file" else {"db": q.db}
+    strict = make(max_item_size=LIMIT, max_receives=2, dead_letter="dlq", **shared)
+    for receive in (1, 2):
+        m = strict.get_message()
+        assert (m.body, m.receive_count) == (OVER, receive)
+        strict.nack(m)
+    assert strict.get() == "small"              # OVER moved to "dlq" on this get
+    strict.task_done()
+    dlq = make(name="dlq", max_item_size=LIMIT, **shared)
+    assert dlq.redrive() == 1
+    assert strict.get() == OVER
+    strict.task_done()
+    assert strict.unfinished_tasks == 0 and dlq.unfinished_tasks == 0
+
+
+def test_queue_reopened_with_a_smaller_limit_delivers_what_it_holds(tmp_path):
+    path = tmp_path / "q.fs"
+    with AckQueue(path=path) as q:
+        q.put(OVER)
+    with AckQueue(path=path, max_item_size=LIMIT) as q:
+        with pytest.raises(ItemTooLarge):
+            q.put(OVER)
+        assert q.get() == OVER
+    with AckQueue(path=path, max_item_size=LIMIT) as q:      # held at close: back
+        assert q.get() == OVER
+        q.task_done()
+        assert q.unfinished_tasks == 0
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_item_over_max_item_size_through_a_server(tmp_path):
+    """The check runs in the client, before anything is sent: the server's queue is left
+    as it was, and the client goes on."""
+    server = Server(tmp_path / "shared.fs", tmp_path / "server.log")
+    try:
+        with AckQueue(path=server.url, max_item_size=LIMIT) as q:
+            q.put("a")
+            q.put(BIG)
+            with pytest.raises(ItemTooLarge) as info:
+                q.put(OVER)
+            _assert_too_large(info, LIMIT + 1)
+            with pytest.raises(ItemTooLarge) as info:
+                q.put_many(["b", OVER])
+            _assert_too_large(info, LIMIT + 1, index=1)
+            with q.transaction():
+                with pytest.raises(ItemTooLarge):
+                    q.put(OVER)
+                q.put("from-txn")
+            with AckQueue(path=server.url) as unlimited:   # another front, no limit
+                unlimited.put(OVER)
+            m = q.get_message(timeout=CHILD_TIMEOUT)       # "a", and a give-back of it
+            q.nack(m)
+        # A fresh client (every front closed) reads what the server holds.
+        with AckQueue(path=server.url, max_item_size=LIMIT) as q:
+            assert q.unfinished_tasks == 4
+            got = [q.get(timeout=CHILD_TIMEOUT) for _ in range(4)]
+            assert got == ["a", BIG, "from-txn", OVER]
+            for item in got:
+                q.ack(item)
+            with pytest.raises(Empty):
+                q.get_nowait()
+            assert q.unfinished_tasks == 0
+    finally:
+        server.stop()
+
+
 # -- wrong arguments ------------------------------------------------------------------------
 
 BAD_CALLS = [
@@ -254,6 +435,11 @@ CONSTRUCTOR_CALLS = [
     ("db not a DB", {"db": "x"}, TypeError, "db"),
     ("durability unknown", {"durability": "always"}, ValueError, "durability"),
     ("durability int", {"durability": 3}, TypeError, "durability"),
+    ("max_item_size str", {"max_item_size": "1024"}, TypeError, "max_item_size"),
+    ("max_item_size float", {"max_item_size": 1024.0}, TypeError, "max_item_size"),
+    ("max_item_size bool", {"max_item_size": True}, TypeError, "max_item_size"),
+    ("max_item_size zero", {"max_item_size": 0}, ValueError, "max_item_size"),
+    ("max_item_size negative", {"max_item_size": -1}, ValueError, "max_item_size"),
 ]
 
 
