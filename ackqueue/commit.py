@@ -11,6 +11,16 @@ Why a single writer: a FileStorage commit holds a storage-wide lock through its 
 commits from many connections only queue up behind each other, one fsync each.  Gathering
 the operations of many threads into one commit is what makes durable operations cheap.
 
+Who commits: whoever holds the *baton*.  A caller that submits a unit it will wait for
+(``submit(..., lead=True)``) while it is the only thread doing so (no other thread's
+durable unit is on its way or was submitted in the last LEAD_QUIET seconds) does not wake
+the committer thread: in ``wait()`` it takes the baton if it is free and commits
+everything pending itself.  That saves two thread switches per durable operation when one
+thread works alone.  When several threads are at work the committer thread commits as
+before, because its wake-up delay is what lets their units gather into one commit.  A caller that finds the baton busy just waits: whoever releases
+the baton with units still pending wakes the thread, which also commits the units nobody
+waits for (deliveries, give-backs).  The connection is used by one baton holder at a time.
+
 A unit whose operations fail to apply, or a commit that fails for a reason other than a
 write conflict, is retried alone so that one bad unit cannot fail its neighbours.  Write
 conflicts (another writer, such as an application's own connection or another process
@@ -44,6 +54,8 @@ log = logging.getLogger(__name__)
 CONFLICT_PATIENCE = 30.0    # seconds of conflict retries before a unit fails
 CONFLICT_BACKOFF = 0.005    # at most this long (random, growing) between conflict retries
 DISCONNECT_RETRIES = 3      # each waits up to the client storage's wait_timeout
+LEADER_GRACE = 0.5          # seconds before the thread commits a unit whose leader left
+LEAD_QUIET = 0.005          # seconds after another thread's durable submit before leading
 
 
 class CommitterClosed(RuntimeError):
@@ -57,20 +69,25 @@ class Ticket:
     known, before waiters are released; ``wait()`` returns after a durable commit or raises
     the error that prevented it."""
 
-    __slots__ = ("ops", "on_commit", "on_fail", "error", "uncertain", "_done")
+    __slots__ = ("ops", "on_commit", "on_fail", "error", "uncertain", "_done", "_leader",
+                 "_durable")
 
-    def __init__(self, ops, on_commit=None, on_fail=None):
+    def __init__(self, ops, on_commit=None, on_fail=None, leader=None):
         self.ops = ops
         self.on_commit = on_commit
         self.on_fail = on_fail
         self.error = None
         self.uncertain = False    # an earlier attempt was cut off by a lost connection
         self._done = threading.Event()
+        self._leader = leader     # the Committer whose baton wait() tries to take
+        self._durable = False     # counted in the committer's _durable_on_way
 
     def apply(self, root):
         apply_unit(root, self.ops)
 
     def wait(self, timeout=None):
+        if self._leader is not None and not self._done.is_set():
+            self._leader._lead()
         if not self._done.wait(timeout):
             return False
         if self.error is not None:
@@ -97,6 +114,12 @@ class Committer:
         self._cond = threading.Condition(threading.Lock())
         self._pending = []
         self._closing = False
+        self._baton = threading.Lock()    # held by whoever commits (see the module doc)
+        self._durable_on_way = 0          # units submitted with lead=True, not yet settled
+        self._last_submitter = None       # the thread of the latest lead=True submit
+        self._others_until = 0.0          # monotonic time until which others count as busy
+        self._tm = transaction.TransactionManager(explicit=True)
+        self._conn = db.open(transaction_manager=self._tm)
         self.commits = 0          # how many ZODB commits were made
         self.units = 0            # how many units they carried
         self.conflicts = 0        # how many commits had to be retried after a conflict
@@ -106,15 +129,70 @@ class Committer:
                                         daemon=True)
         self._thread.start()
 
-    def submit(self, ops, on_commit=None, on_fail=None):
-        """Queue a unit for the next commit and return its Ticket."""
+    def submit(self, ops, on_commit=None, on_fail=None, lead=False):
+        """Queue a unit for the next commit and return its Ticket.
+
+        lead=True: the caller will wait for the ticket at once, and commit it itself in
+        wait() if nobody else is committing; the committer thread is not woken for it."""
         ticket = Ticket(ops, on_commit, on_fail)
         with self._cond:
             if self._closing:
                 raise CommitterClosed("the queue's storage is closed")
             self._pending.append(ticket)
-            self._cond.notify()
+            if lead:
+                ticket._durable = True
+                self._durable_on_way += 1
+                now, me = time.monotonic(), threading.get_ident()
+                if me != self._last_submitter:
+                    if self._last_submitter is not None:   # another thread was at work
+                        self._others_until = now + LEAD_QUIET
+                    self._last_submitter = me
+                lead = self._durable_on_way == 1 and now >= self._others_until
+            if lead:
+                ticket._leader = self
+            else:
+                self._cond.notify()
         return ticket
+
+    def _lead(self):
+        """Commit what is pending in the calling thread, if the baton is free."""
+        if not self._baton.acquire(blocking=False):
+            return                  # the holder, or the thread it wakes, commits ours
+        try:
+            self._commit_pending()
+        finally:
+            self._release_baton()
+
+    def _commit_pending(self):
+        """With the baton: commit every pending unit as one group (False if none)."""
+        with self._cond:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return False
+        try:
+            if self._conn is None:  # closed under us: cannot happen after a clean close
+                for ticket in batch:
+                    ticket._settle(CommitterClosed("the queue's storage is closed"))
+            else:
+                self._commit_group(self._conn, self._tm, batch)
+        except BaseException as exc:    # e.g. KeyboardInterrupt in a leading caller
+            self._tm.abort()
+            for ticket in batch:
+                if not ticket._done.is_set():
+                    ticket._settle(CommitterClosed(f"the commit was interrupted: {exc!r}"))
+            raise
+        finally:
+            durable = sum(ticket._durable for ticket in batch)
+            if durable:
+                with self._cond:
+                    self._durable_on_way -= durable
+        return True
+
+    def _release_baton(self):
+        self._baton.release()
+        with self._cond:
+            if self._pending:       # units that arrived meanwhile: the thread takes them
+                self._cond.notify()
 
     def close(self):
         """Commit what is pending, then stop the thread and close the connection."""
@@ -125,22 +203,24 @@ class Committer:
             self._thread.join()
 
     def _run(self):
-        tm = transaction.TransactionManager(explicit=True)
-        conn = self._db.open(transaction_manager=tm)
         try:
             while True:
                 with self._cond:
                     while not self._pending and not self._closing:
-                        self._cond.wait()
-                    if not self._pending:
+                        # The timeout only matters if a leading caller never came to wait
+                        # (an exception between submit and wait): its unit still commits.
+                        self._cond.wait(LEADER_GRACE)
+                    closing = self._closing
+                with self._baton:
+                    if not self._commit_pending() and closing:
                         return
-                    batch, self._pending = self._pending, []
-                self._commit_group(conn, tm, batch)
         finally:
-            try:
-                conn.close()
-            except Exception:  # pragma: no cover - closing after a storage failure
-                log.exception("ackqueue: closing the committer's connection failed")
+            with self._baton:
+                conn, self._conn = self._conn, None
+                try:
+                    conn.close()
+                except Exception:  # pragma: no cover - closing after a storage failure
+                    log.exception("ackqueue: closing the committer's connection failed")
 
     def _commit_group(self, conn, tm, batch):
         if not any(ticket.ops for ticket in batch):

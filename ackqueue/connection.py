@@ -127,7 +127,8 @@ class TransactionBlock:
             raise
         ticket = state.committer.submit(
             self.ops(), on_commit=lambda: state.txn_committed(self),
-            on_fail=lambda error: state.txn_rolled_back(self, "its transaction failed"))
+            on_fail=lambda error: state.txn_rolled_back(self, "its transaction failed"),
+            lead=True)
         try:
             ticket.wait()
         finally:
@@ -323,7 +324,7 @@ class QueueConnection:
         try:
             ticket = state.committer.submit(
                 ops, on_commit=lambda: state.puts_committed(entries),
-                on_fail=lambda error: state.unreserve(len(entries)))
+                on_fail=lambda error: state.unreserve(len(entries)), lead=True)
         except BaseException:
             state.unreserve(len(entries))
             raise

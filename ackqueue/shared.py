@@ -297,7 +297,7 @@ class SharedQueueState(QueueState):
         try:
             ticket = self.committer.submit([self.ack_op(h) for h in holdings],
                                            on_commit=lambda: self.settled(holdings),
-                                           on_fail=failed)
+                                           on_fail=failed, lead=True)
         except BaseException:
             self.cancel_settle(holdings)
             raise

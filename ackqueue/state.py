@@ -793,7 +793,7 @@ class QueueState:
             ticket = self.committer.submit(
                 [self.ack_op(h) for h in holdings],
                 on_commit=lambda: self.settled(holdings),
-                on_fail=lambda error: self.cancel_settle(holdings))
+                on_fail=lambda error: self.cancel_settle(holdings), lead=True)
         except BaseException:
             self.cancel_settle(holdings)
             raise

@@ -1,0 +1,83 @@
+"""The committer (ackqueue.commit): group commit and who holds the baton, on a real ZODB
+database (in memory; the rules do not depend on the storage)."""
+import threading
+
+import ZODB
+import pytest
+
+from ackqueue.commit import Committer, CommitterClosed
+from ackqueue import store
+
+BOUND = 10      # seconds: a failure bound only
+
+
+@pytest.fixture
+def committer():
+    db = ZODB.DB(None)
+    with db.transaction() as conn:
+        store.ensure_queue(conn.root(), "q", store.FIFO)
+    c = Committer(db)
+    yield c
+    c.close()
+    db.close()
+
+
+def recording(where):
+    """An on_commit callback that records the thread it ran in."""
+    return lambda: where.append(threading.current_thread())
+
+
+def test_a_lone_thread_commits_its_durable_unit_itself(committer):
+    where = []
+    for _ in range(3):
+        ticket = committer.submit([store.Compact("q")], on_commit=recording(where),
+                                  lead=True)
+        assert ticket.wait(BOUND)
+    assert where == [threading.current_thread()] * 3
+    assert committer.commits == 3
+
+
+def test_units_nobody_leads_go_to_the_committer_thread(committer):
+    where = []
+    ticket = committer.submit([store.Compact("q")], on_commit=recording(where))
+    assert ticket.wait(BOUND)
+    assert where == [committer._thread]
+
+
+def test_a_leader_that_never_waits_still_gets_its_unit_committed(committer):
+    where = []
+    ticket = committer.submit([store.Compact("q")], on_commit=recording(where), lead=True)
+    # No wait(): the thread commits it after LEADER_GRACE.
+    assert ticket._done.wait(BOUND)
+    assert where == [committer._thread] and ticket.error is None
+
+
+def test_many_threads_leading_at_once_all_settle_and_group(committer):
+    errors, per_thread = [], 200
+    start = threading.Barrier(8)
+
+    def work():
+        try:
+            start.wait()
+            for _ in range(per_thread):
+                committer.submit([store.Compact("q")], lead=True).wait(BOUND)
+        except Exception as exc:        # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(BOUND * 6)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert committer.units == 8 * per_thread
+    assert committer._durable_on_way == 0
+    assert committer.commits <= committer.units
+
+
+def test_close_commits_what_is_pending_and_refuses_more(committer):
+    tickets = [committer.submit([store.Compact("q")], lead=True) for _ in range(3)]
+    committer.close()
+    assert all(t._done.is_set() and t.error is None for t in tickets)
+    with pytest.raises(CommitterClosed):
+        committer.submit([store.Compact("q")])
