@@ -55,7 +55,7 @@ CONFLICT_PATIENCE = 30.0    # seconds of conflict retries before a unit fails
 CONFLICT_BACKOFF = 0.005    # at most this long (random, growing) between conflict retries
 DISCONNECT_RETRIES = 3      # each waits up to the client storage's wait_timeout
 LEADER_GRACE = 0.5          # seconds before the thread commits a unit whose leader left
-LEAD_QUIET = 0.005          # seconds after another thread's durable submit before leading
+LEAD_QUIET = 0.001          # seconds after another thread's durable submit before leading
 
 
 class CommitterClosed(RuntimeError):

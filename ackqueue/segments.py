@@ -163,6 +163,14 @@ class SegmentedIndex(Persistent):
 
     __iter__ = keys
 
+    def key_list(self):
+        """Every key, in order, as a list: what a queue loads at open, one segment at a time
+        instead of one key at a time (a million keys open measurably faster)."""
+        out = []
+        for segment in self.segments.values():
+            out.extend(sorted(segment.data))
+        return out
+
     def items(self):
         for segment in self.segments.values():
             data = segment.data

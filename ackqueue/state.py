@@ -334,7 +334,7 @@ class QueueState:
                 self.ready = _ValueOrder(
                     self._memory_key_from_store(rec, seq) for seq in rec.ready)
             else:
-                self.ready = _IntOrder(rec.ready)
+                self.ready = _IntOrder(rec.ready.key_list())
             for seq, visible_at in rec.delayed.items():
                 self.delayed.append((visible_at, seq, self._memory_key_from_store(rec, seq)))
             heapq.heapify(self.delayed)

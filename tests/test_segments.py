@@ -116,3 +116,12 @@ def test_counters_merge_concurrent_deltas_and_read_the_old_dict_state(tmp_path):
     fresh = Counters.__new__(Counters)
     fresh.__setstate__(merged)
     assert fresh.get("put") == 6 + 4 - 4 and fresh.get("ready") == 1
+
+
+def test_key_list_is_every_key_in_order(tmp_path):
+    index = SegmentedIndex(bits=2)
+    keys = [9, 1, 4, 3, 17, 16, 2, 40]
+    for key in keys:
+        index.add(key)
+    index.remove(4)
+    assert index.key_list() == sorted(set(keys) - {4}) == list(index)
