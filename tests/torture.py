@@ -659,11 +659,11 @@ class Run:
         lives = 3                     # processes per round, one after the other
         for round_no in range(self.rounds):
             for life in range(lives):
-                proc = self.spawn(round_no, "w", life, "both", path, armed=0.3,
+                proc = self.spawn(round_no, "w", life, "both", path, armed=0.5,
                                   clean_exit=0.1)
-                if self.rng.random() < 0.15:
-                    # Anywhere from interpreter start-up through opening the file.
-                    time.sleep(self.rng.uniform(0, 0.5))
+                if self.rng.random() < 0.1:
+                    # Around the opening of the file (importing takes about 0.3 s).
+                    time.sleep(self.rng.uniform(0.2, 0.6))
                 elif read_ready(proc):
                     time.sleep(self.rng.uniform(0.02, 0.7))
                 self.kill(proc)
