@@ -17,9 +17,10 @@ durable unit is on its way or was submitted in the last LEAD_QUIET seconds) does
 the committer thread: in ``wait()`` it takes the baton if it is free and commits
 everything pending itself.  That saves two thread switches per durable operation when one
 thread works alone.  When several threads are at work the committer thread commits as
-before, because its wake-up delay is what lets their units gather into one commit.  A caller that finds the baton busy just waits: whoever releases
-the baton with units still pending wakes the thread, which also commits the units nobody
-waits for (deliveries, give-backs).  The connection is used by one baton holder at a time.
+before, because its wake-up delay is what lets their units gather into one commit.  A
+caller that finds the baton busy just waits: whoever releases the baton with units still
+pending wakes the thread, which also commits the units nobody waits for (deliveries,
+give-backs).  The connection is used by one baton holder at a time.
 
 A unit whose operations fail to apply, or a commit that fails for a reason other than a
 write conflict, is retried alone so that one bad unit cannot fail its neighbours.  Write

@@ -91,8 +91,8 @@ DEAD_LETTER_RETENTION = MAX_RETENTION   # a dead letter is kept this long for in
 DEFAULT_DEDUP_WINDOW = 300.0        # seconds during which a dedup id refuses a second put
 SEQ_BLOCK = 1024            # sequence numbers reserved in the store at a time (see Put)
 SEQ_BITS = 48
-_PICKLE_PROTOCOL = 4
 SEQ_MASK = (1 << SEQ_BITS) - 1
+_PICKLE_PROTOCOL = 4        # of the bytes states (Counters here, Segment in segments.py)
 
 
 def store_key(kind, priority, seq):
