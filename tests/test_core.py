@@ -690,7 +690,6 @@ def test_shutdown_immediate_keeps_stored_items_for_the_next_open(make):
 def test_a_queue_file_of_ackqueue_0_1_is_upgraded_on_open(tmp_path):
     """Version 0.1 kept messages as MessageRecords in an LOBTree and the ready set in an
     LLTreeSet; opening such a file moves them to the merging indexes, in order."""
-    import transaction
     import ZODB
     from BTrees.LLBTree import LLTreeSet
     from BTrees.LOBTree import LOBTree

@@ -4,7 +4,6 @@ Each child is ``python -c SCRIPT`` with the queue file's path as argv[1]; it kil
 with SIGKILL (no atexit, no close) where a crash is wanted.
 """
 import json
-import os
 import select
 import signal
 import subprocess
