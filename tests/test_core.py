@@ -11,7 +11,7 @@ import ackqueue
 from ackqueue import (AckLifoQueue, AckPriorityQueue, AckQueue, AckQueueError, Empty, Full,
                       Message, MessageId, NotAQueueFile, NotHeld, QueueKindMismatch,
                       StaleAck, UnpicklableItem)
-from helpers_reliability import FakeClock
+from helpers_reliability import FakeClock, drain_items as drain
 
 BOUND = 5   # seconds: a failure bound for waits that should end at once
 
@@ -56,15 +56,6 @@ def run_thread(target):
     if "error" in result:
         raise result["error"]
     return result.get("value")
-
-
-def drain(q):
-    items = []
-    while True:
-        try:
-            items.append(q.get_nowait())
-        except Empty:
-            return items
 
 
 # -- basics -------------------------------------------------------------------------------
