@@ -118,7 +118,9 @@ class Committer:
         self._baton = threading.Lock()    # held by whoever commits (see the module doc)
         self._durable_on_way = 0          # units submitted with lead=True, not yet settled
         self._last_submitter = None       # the thread of the latest lead=True submit
+        self._last_submit_at = 0.0        # and when it submitted (monotonic)
         self._others_until = 0.0          # monotonic time until which others count as busy
+        self._monotonic = time.monotonic  # the clock of the lead rule (tests replace it)
         self._tm = transaction.TransactionManager(explicit=True)
         self._conn = db.open(transaction_manager=self._tm)
         self.commits = 0          # how many ZODB commits were made
@@ -143,11 +145,12 @@ class Committer:
             if lead:
                 ticket._durable = True
                 self._durable_on_way += 1
-                now, me = time.monotonic(), threading.get_ident()
+                now, me = self._monotonic(), threading.get_ident()
                 if me != self._last_submitter:
                     if self._last_submitter is not None:   # another thread was at work
-                        self._others_until = now + LEAD_QUIET
+                        self._others_until = self._last_submit_at + LEAD_QUIET
                     self._last_submitter = me
+                self._last_submit_at = now
                 lead = self._durable_on_way == 1 and now >= self._others_until
             if lead:
                 ticket._leader = self

@@ -5,7 +5,7 @@ import threading
 import ZODB
 import pytest
 
-from ackqueue.commit import Committer, CommitterClosed
+from ackqueue.commit import LEAD_QUIET, Committer, CommitterClosed
 from ackqueue import store
 
 BOUND = 10      # seconds: a failure bound only
@@ -81,3 +81,36 @@ def test_close_commits_what_is_pending_and_refuses_more(committer):
     assert all(t._done.is_set() and t.error is None for t in tickets)
     with pytest.raises(CommitterClosed):
         committer.submit([store.Compact("q")])
+
+
+def submit_in_new_thread(committer, where, hold):
+    """Submit one durable unit from a fresh thread and wait for it there; the thread then
+    stays alive until hold is set (so that a later thread cannot reuse its ident)."""
+    done = threading.Event()
+
+    def work():
+        committer.submit([store.Compact("q")], on_commit=recording(where),
+                         lead=True).wait(BOUND)
+        done.set()
+        hold.wait(BOUND)
+    t = threading.Thread(target=work)
+    t.start()
+    assert done.wait(BOUND)
+    return t
+
+
+@pytest.mark.parametrize("gap, leads", [(LEAD_QUIET * 2, True), (LEAD_QUIET / 2, False)])
+def test_another_thread_leads_once_the_first_has_been_quiet(committer, gap, leads):
+    # A producer and a consumer taking turns: each leads its own commit unless the
+    # other submitted less than LEAD_QUIET ago (then the committer thread gathers them).
+    now = [100.0]
+    committer._monotonic = lambda: now[0]
+    where, hold = [], threading.Event()
+    try:
+        first = submit_in_new_thread(committer, where, hold)
+        now[0] += gap
+        second = submit_in_new_thread(committer, where, hold)
+    finally:
+        hold.set()
+    assert where[0] is first
+    assert where[1] is (second if leads else committer._thread)
