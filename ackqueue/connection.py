@@ -15,11 +15,11 @@ store changes are written, just before it commits, through the application's own
 (a second connection of the same database in one transaction would deadlock, ZODB issue
 258), so the application's objects and the queue commit or roll back as one.
 """
+import logging
 import math
 import pickle
 import threading
 import weakref
-from queue import Empty
 
 import transaction
 from ZODB.Connection import Connection as _ZODBConnection
@@ -29,6 +29,8 @@ from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, Sta
                      UnpicklableItem)
 from .message import Message, MessageId
 from .state import DEFAULT_PUT, Meta, check_timeout
+
+log = logging.getLogger(__name__)
 
 __all__ = ["QueueConnection", "TransactionBlock"]
 
@@ -246,7 +248,8 @@ class QueueConnection:
         self._state = state
         self._thread = weakref.ref(threading.current_thread())
         self._holdings = {}         # token -> Holding, oldest delivery first
-        self._released = 0          # how many entries of _holdings are given back
+        self._by_item = {}          # id(item got) -> [its Holdings in _holdings], for find
+        self._prune_at = RELEASED_KEPT  # len(_holdings) above which _prune looks again
         self._block = None          # the explicit transaction block in progress
         self._app_block = None      # the application transaction block in progress
         self._tm = None             # our own transaction manager and ZODB connection
@@ -352,12 +355,7 @@ class QueueConnection:
             raise TypeError(f"n must be an int, not {type(n).__name__}")
         if n < 1:
             raise ValueError("n must be at least 1")
-        got = [self._receive(block, timeout, visibility_timeout, shuffle, policy)]
-        while len(got) < n:
-            try:
-                got.append(self._receive(False, None, visibility_timeout, shuffle, policy))
-            except Empty:
-                break
+        got = self._receive(block, timeout, visibility_timeout, shuffle, policy, n)
         return [self._message(h) for h in got] if messages else [h.item for h in got]
 
     def _message(self, h):
@@ -379,7 +377,8 @@ class QueueConnection:
                        dict(meta.attributes or ()), meta.first_received, meta.last_received,
                        meta.sequence or seq, meta.source)
 
-    def _receive(self, block, timeout, visibility_timeout, shuffle=False, policy=None):
+    def _receive(self, block, timeout, visibility_timeout, shuffle=False, policy=None, n=None):
+        """One Holding (n None), or a list of 1 to n (all claimed under one mutex)."""
         self._check_thread()
         check_timeout(timeout)
         if visibility_timeout is DEFAULT:
@@ -388,10 +387,33 @@ class QueueConnection:
         if visibility_timeout is not None:
             self._state.acknowledging = True
         txn = self._transaction_block()
+        claimed = self._state.claim(
+            self._front, self, block, timeout, visibility_timeout, self._load_meta,
+            record=not isinstance(txn, _AppTransactionBlock), shuffle=shuffle,
+            policy=policy, n=n or 1)
+        if n is None:
+            return self._hand_out(claimed, txn)
+        got, unreadable = [], None
+        for i, h in enumerate(claimed):
+            try:
+                got.append(self._hand_out(h, txn))
+            except _Unreadable as exc:    # set aside already; the batch goes on without it
+                log.warning("ackqueue: %s", exc)
+                unreadable = exc
+            except BaseException:
+                # Nothing of this batch reaches the caller: all of it goes back.
+                for other in got + claimed[i + 1:]:
+                    self._take_back(other, "its batch could not be handed out")
+                raise
+        if not got:
+            raise unreadable
+        return got
+
+    def _hand_out(self, h, txn):
+        """Make a claimed Holding the caller's: its claim durable if a policy needs it, its
+        item unpickled (else _Unreadable, with the message set aside), and remembered for
+        the ack."""
         state = self._state
-        h = state.claim(self._front, self, block, timeout, visibility_timeout,
-                        self._load_meta, record=not isinstance(txn, _AppTransactionBlock),
-                        shuffle=shuffle, policy=policy)
         if h.claim_ticket is not None:
             # A dead-letter policy counts crashes too: the receive is durable first.
             try:
@@ -405,15 +427,27 @@ class QueueConnection:
             # Set aside for a while, so that the messages behind it are still delivered
             # (a process that has the item's class may read it later).
             state.give_back(h, "its body could not be unpickled", UNREADABLE_DELAY)
-            raise AckQueueError(
+            raise _Unreadable(
                 f"message {h.seq} of queue {state.name!r} cannot be unpickled: {exc!r}; "
                 f"it was given back, to be visible again in {UNREADABLE_DELAY:g} s"
             ) from exc
         self._holdings[h.token] = h
+        self._by_item.setdefault(id(h.item), []).append(h)
         if txn is not None:
             h.txn = txn
             txn.got.append(h)
         return h
+
+    def _take_back(self, h, why):
+        """Undo a delivery that never reached the caller: it goes back to its place."""
+        if h.txn is not None and h in h.txn.got:
+            h.txn.got.remove(h)
+        try:
+            self._state.give_back(h, why)
+        except StaleAck:
+            pass                          # its deadline gave it back meanwhile
+        finally:
+            self._forget([h])
 
     def _load_meta(self, seq):
         """Read a message that is not in memory (called with the state's mutex held)."""
@@ -437,15 +471,16 @@ class QueueConnection:
         """The live-or-recent holding that x names (a Message, an item got, a MessageId)."""
         if isinstance(x, Message):
             return x._holding if x.queue == self._state.name else None
-        holdings = list(self._holdings.values())
-        # Live deliveries first: an item that unpickles to a shared object (a small int,
-        # None) may name an older, given-back delivery of the same message too.
-        for live in (True, False):
-            for h in holdings:
-                if h.item is x and (h.released is None) == live:
+        same = self._by_item.get(id(x))
+        if same:
+            # Live deliveries first: an item that unpickles to a shared object (a small
+            # int, None) may name an older, given-back delivery of the same message too.
+            for h in same:
+                if h.released is None:
                     return h
+            return same[0]
         if isinstance(x, MessageId):
-            for h in reversed(holdings):
+            for h in reversed(list(self._holdings.values())):
                 if h.seq == x:
                     return h
         return None
@@ -530,14 +565,25 @@ class QueueConnection:
 
     def _forget(self, holdings):
         for h in holdings:
-            self._holdings.pop(h.token, None)
-        self._prune()
+            if self._holdings.pop(h.token, None) is not None:
+                self._unindex(h)
+        if len(self._holdings) > self._prune_at:
+            self._prune()
+
+    def _unindex(self, h):
+        same = self._by_item[id(h.item)]
+        same.remove(h)
+        if not same:
+            del self._by_item[id(h.item)]
 
     def _prune(self):
         # Given-back deliveries are kept a while so that a late ack says why it is late.
-        released = [t for t, h in self._holdings.items() if h.released is not None]
-        for token in released[:max(0, len(released) - RELEASED_KEPT)]:
-            del self._holdings[token]
+        released = [h for h in self._holdings.values() if h.released is not None]
+        for h in released[:max(0, len(released) - RELEASED_KEPT)]:
+            del self._holdings[h.token]
+            self._unindex(h)
+        # Scan again once the holdings have doubled: amortized O(1) per delivery.
+        self._prune_at = max(RELEASED_KEPT, 2 * len(self._holdings))
 
     # -- dead letters ---------------------------------------------------------------------
 
@@ -606,6 +652,7 @@ class QueueConnection:
             return
         self._state.give_back_all(self, "its queue connection was closed")
         self._holdings.clear()
+        self._by_item.clear()
         self.closed = True
         for conn in (self._zconn, self._app_zconn):
             if conn is not None:
@@ -623,10 +670,17 @@ class QueueConnection:
         return False
 
 
+class _Unreadable(AckQueueError):
+    """A received message whose item cannot be unpickled (it was set aside)."""
+
+
 def _forget(holdings):
     """Drop settled deliveries from the connections that received them."""
+    by_holder = {}
     for h in holdings:
-        h.holder._forget([h])
+        by_holder.setdefault(h.holder, []).append(h)
+    for holder, some in by_holder.items():
+        holder._forget(some)
 
 
 def _active_app_transaction():

@@ -370,10 +370,11 @@ class AckQueue(_stdlib_queue.Queue):
     def ack_many(self, items):
         """Acknowledge many received items in one commit: all of them, or (NotHeld,
         StaleAck) none."""
-        holdings = []
+        holdings, seen = [], set()
         for item in items:
             h = self._find(item)
-            if h not in holdings:
+            if h.token not in seen:
+                seen.add(h.token)
                 holdings.append(h)
         if holdings:
             self._conn().ack_many_holdings(holdings)

@@ -25,6 +25,7 @@ the threads waiting.
           expires (ackqueue.lease).
 """
 import heapq
+import logging
 import random
 import time
 from bisect import insort
@@ -40,6 +41,8 @@ from .state import (DEFAULT_PUT, _sweep_due, Holding, Meta,
                     QueueState, _loads_or_none, _ValueOrder)
 
 __all__ = ["SharedQueueState"]
+
+log = logging.getLogger(__name__)
 
 SCAN_INTERVAL = 1.0         # how often the store is scanned for others' expired deliveries
 WAIT_RECHECK = 1.0          # a waiting get looks at the store at least this often
@@ -138,11 +141,30 @@ class SharedQueueState(QueueState):
     # -- get ------------------------------------------------------------------------------
 
     def claim(self, front, holder, block, timeout, visibility_timeout, load_meta,
-              record=True, shuffle=False, policy=None):
+              record=True, shuffle=False, policy=None, n=1):
         """Claim the next ready message (a random one with shuffle) for holder in the
-        store, waiting as queue.Queue.get does, and return its Holding.  The claim, and so
-        the receive count, is durable before this returns.  Messages past their retention
-        or received policy.max_receives times are taken out on the way."""
+        store, waiting as queue.Queue.get does, and return its Holding; with n > 1 a list
+        of 1 to n Holdings (the first waited for, then what else can be claimed at once;
+        an error after the first ends the batch, the next get meets it again).  Each claim,
+        and so its receive count, is durable before this returns.  Messages past their
+        retention or received policy.max_receives times are taken out on the way."""
+        first = self._claim_one(front, holder, block, timeout, visibility_timeout, shuffle,
+                                policy)
+        if n == 1:
+            return first
+        got = [first]
+        while len(got) < n:
+            try:
+                got.append(self._claim_one(front, holder, False, None, visibility_timeout,
+                                           shuffle, policy))
+            except (Empty, ShutDown):
+                break
+            except Exception:
+                log.warning("ackqueue: a batch claim ended early", exc_info=True)
+                break
+        return got
+
+    def _claim_one(self, front, holder, block, timeout, visibility_timeout, shuffle, policy):
         endtime = None if (timeout is None or not block) else monotonic() + timeout
         lost = 0
         while True:

@@ -297,6 +297,7 @@ class QueueState:
         self._next_sweep = monotonic() + SWEEP_INTERVAL
         self._swept_at = clock()
         self._removed = 0             # messages gone since the indexes were last compacted
+        self._reaper_wakes_at = 0.0   # monotonic time of the reaper's next pass (a hint)
         self.stopped = False
         self.recovered = 0
         # Whether this process acknowledges on this queue (ack, nack, task_done, join,
@@ -487,21 +488,35 @@ class QueueState:
         return front.is_shutdown and (front.shutdown_immediate or not len(self.ready))
 
     def claim(self, front, holder, block, timeout, visibility_timeout, load_meta,
-              record=True, shuffle=False, policy=None):
+              record=True, shuffle=False, policy=None, n=1):
         """Take the next ready message (a random one with shuffle) for holder, waiting as
-        queue.Queue.get does, and return its Holding.  With record, a Claim is sent to the
-        store: not waited for, unless a dead-letter policy needs the receive count durable
-        before the item is handed out (the caller then waits on holding.claim_ticket);
-        without record (inside an application transaction, whose commit acknowledges it or
-        whose abort gives it back) the store never sees this delivery.  Messages past their
-        retention, and messages already received policy.max_receives times, are taken out
-        on the way instead of being delivered."""
+        queue.Queue.get does, and return its Holding; with n > 1 a list of 1 to n Holdings:
+        the first waited for, the others whatever else is ready (one pass, one mutex).
+        With record, a Claim is sent to the store: not waited for, unless a dead-letter
+        policy needs the receive count durable before the item is handed out (the caller
+        then waits on holding.claim_ticket); without record (inside an application
+        transaction, whose commit acknowledges it or whose abort gives it back) the store
+        never sees this delivery.  Messages past their retention, and messages already
+        received policy.max_receives times, are taken out on the way instead of being
+        delivered."""
         endtime = None if (timeout is None or not block) else monotonic() + timeout
         moves = []
+        take = (holder, visibility_timeout, load_meta, record, shuffle, policy, moves)
         try:
             with self.not_empty:
-                return self._claim(front, holder, block, endtime, visibility_timeout,
-                                   load_meta, record, shuffle, policy, moves)
+                while True:
+                    self._wait_ready(front, block, endtime)
+                    first = self._take_next(*take)
+                    if first is not None:
+                        break
+                if n == 1:
+                    return first
+                got = [first]
+                while len(got) < n and len(self.ready) and not self._shut(front):
+                    h = self._take_next(*take)
+                    if h is not None:
+                        got.append(h)
+                return got
         finally:
             # A get that moved messages to a dead-letter queue returns (or raises Empty)
             # once the moves are durable, so that queue is seen holding them right after.
@@ -511,30 +526,29 @@ class QueueState:
                 except Exception:     # the move failed: the message is back here
                     log.warning("ackqueue: a dead-letter move failed", exc_info=True)
 
-    def _claim(self, front, holder, block, endtime, visibility_timeout, load_meta, record,
-               shuffle, policy, moves):
-        while True:
-            self._wait_ready(front, block, endtime)
-            key = self.ready.pop_random() if shuffle else self.ready.pop()
-            seq = self.seq_of(key)
-            meta = self._uncache(seq)
-            if meta is None:
-                try:
-                    meta = load_meta(seq)
-                except BaseException:
-                    self.ready.push(key)
-                    raise
-            now = self.clock()
-            if meta.expired(now):
-                self.committer.submit([store.Expire(self.name, seq, now)])
-                self._left()
-                continue
-            if (policy is not None and policy.max_receives is not None
-                    and meta.receive_count >= policy.max_receives):
-                moves.append(self._dead_letter(seq, key, meta, policy, now))
-                continue
-            return self._deliver(seq, key, meta, holder, now, visibility_timeout,
-                                 record, policy)
+    def _take_next(self, holder, visibility_timeout, load_meta, record, shuffle, policy,
+                   moves):
+        """Deliver the next ready message to holder (call with the mutex, with a message
+        ready); None if it was taken out instead (expired, or dead-lettered)."""
+        key = self.ready.pop_random() if shuffle else self.ready.pop()
+        seq = self.seq_of(key)
+        meta = self._uncache(seq)
+        if meta is None:
+            try:
+                meta = load_meta(seq)
+            except BaseException:
+                self.ready.push(key)
+                raise
+        now = self.clock()
+        if meta.expired(now):
+            self.committer.submit([store.Expire(self.name, seq, now)])
+            self._left()
+            return None
+        if (policy is not None and policy.max_receives is not None
+                and meta.receive_count >= policy.max_receives):
+            moves.append(self._dead_letter(seq, key, meta, policy, now))
+            return None
+        return self._deliver(seq, key, meta, holder, now, visibility_timeout, record, policy)
 
     def _uncache(self, seq):
         """Take message seq's Meta out of the body cache (None if it is not there),
@@ -572,12 +586,16 @@ class QueueState:
         holding = Holding(seq, key, self.store_key_of(key), next(self.tokens), holder,
                           deadline, meta)
         self.inflight[seq] = holding
-        self.holders.setdefault(holder, {})[seq] = holding
+        held = self.holders.get(holder)
+        if held is None:
+            held = self.holders[holder] = {}
+            if holder.thread_bound and self._reaper_wakes_at > monotonic() + REAP_INTERVAL:
+                self.reaper_wake.notify()     # it must now watch this thread (REAP_INTERVAL)
+        held[seq] = holding
         if deadline is not None:
             heapq.heappush(self.deadlines, (deadline, holding.token, seq))
-            self.reaper_wake.notify()
-        elif holder.thread_bound:
-            self.reaper_wake.notify()
+            if self.deadlines[0][1] == holding.token:
+                self.reaper_wake.notify()     # the earliest deadline: the reaper's next wake
         if record and policy is not None and policy.max_receives is not None:
             holding.claimed = True
             holding.claim_ticket = self.committer.submit([store.Claim(
@@ -917,7 +935,9 @@ class QueueState:
                 except Exception:  # pragma: no cover - keep reaping whatever happens
                     log.exception("ackqueue: reaper pass failed")
                 if not self.stopped:
-                    self.reaper_wake.wait(self._next_wake())
+                    wait = self._next_wake()
+                    self._reaper_wakes_at = monotonic() + wait
+                    self.reaper_wake.wait(wait)
 
     def _sweep_due(self):
         # Due by the monotonic clock, or when the queue's own clock jumped (an injected one).
