@@ -188,6 +188,23 @@ def test_item_that_cannot_be_unpickled_does_not_block_the_items_behind_it(make):
     assert q.unfinished_tasks == 1
 
 
+def test_get_many_sets_an_unreadable_item_aside_and_returns_the_rest(make):
+    clock = FakeClock()
+    q = make(clock=clock)
+    q.put_many(["a", _Poison(), "b"])
+    got = q.get_many(3)
+    assert got == ["a", "b"]                    # the batch goes on without it
+    q.ack_many(got)
+    with pytest.raises(Empty):                  # set aside, not back at the head
+        q.get_nowait()
+    assert q.unfinished_tasks == 1              # ... and kept
+    clock.advance(3600)
+    with pytest.raises(AckQueueError, match="cannot be unpickled"):
+        q.get_many(3)                           # alone in its batch: raised, as get does
+    q = make.reopen(q)
+    assert q.unfinished_tasks == 1
+
+
 # -- items over the queue's max_item_size -------------------------------------------------
 
 def pickled_size(item):
