@@ -119,19 +119,18 @@ class SegmentedIndex(Persistent):
 
     def __setitem__(self, key, value):
         segment = self._segment(key, create=True)
-        data = dict(segment.data)
+        data = segment.data               # (loads a ghost before it is marked changed)
+        segment._p_changed = True         # changed in place: a copy per write cost more
         data[key] = value
-        segment.data = data
 
     def __delitem__(self, key):
         segment = self._segment(key)
         if segment is None or key not in segment.data:
             raise KeyError(key)
-        data = dict(segment.data)
-        del data[key]
+        segment._p_changed = True
         # An emptied segment stays linked (the next keys of its run land in it, writing
         # one object instead of a new segment and the tree); compact() drops it later.
-        segment.data = data
+        del segment.data[key]
 
     def _unlink(self, number, segment):
         # The segment is written too, as retired: a concurrent transaction that adds to it
@@ -144,9 +143,12 @@ class SegmentedIndex(Persistent):
 
     def add(self, key):
         """Add key as a set member; True if it was not there."""
-        if key in self:
+        segment = self._segment(key, create=True)
+        data = segment.data
+        if key in data:
             return False
-        self[key] = None
+        segment._p_changed = True
+        data[key] = None
         return True
 
     def remove(self, key):
