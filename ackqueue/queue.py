@@ -505,10 +505,14 @@ class AckQueue(_stdlib_queue.Queue):
             raise NotHeld(f"{item!r} was peeked, not received: there is nothing to "
                           "acknowledge")
         own = self._conn()
-        for conn in [own] + [c for c in list(self._connections) if c is not own]:
-            h = conn.find(item)
-            if h is not None:
-                return h
+        h = own.find(item)
+        if h is not None:
+            return h
+        for conn in list(self._connections):     # received in another thread
+            if conn is not own:
+                h = conn.find(item)
+                if h is not None:
+                    return h
         raise NotHeld(f"{item!r} is not an item received from queue {self.name!r} and not "
                       "yet acknowledged")
 

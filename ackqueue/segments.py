@@ -154,6 +154,18 @@ class SegmentedIndex(Persistent):
     def remove(self, key):
         del self[key]
 
+    def discard(self, key):
+        """Remove key if present; True if it was there."""
+        segment = self._segment(key)
+        if segment is None:
+            return False
+        data = segment.data
+        if key not in data:
+            return False
+        segment._p_changed = True
+        del data[key]
+        return True
+
     # -- ordered iteration ----------------------------------------------------------------
 
     def keys(self, min=None):
@@ -242,10 +254,12 @@ class MessageIndex(SegmentedIndex):
         return default if value is _MISSING else Msg(*value)
 
     def __setitem__(self, key, value):
-        value = tuple(value)
-        while len(value) > _MSG_CORE and value[-1] is None:   # keep old-size tuples small
-            value = value[:-1]
-        super().__setitem__(key, value)
+        if type(value) is not tuple:
+            value = tuple(value)
+        size = len(value)
+        while size > _MSG_CORE and value[size - 1] is None:  # keep old-size tuples small
+            size -= 1
+        super().__setitem__(key, value if size == len(value) else value[:size])
 
     def items(self):
         for key, value in super().items():

@@ -251,8 +251,11 @@ class QueueRecord(Persistent):
                 self.bodies = LOBTree()
             self.bodies[seq] = Body(body)
             body = None
-        msg = Msg(body, priority, sent_at, 0, None, None, None)
-        self.messages[seq] = msg._replace(**fields) if fields else msg
+        if fields:
+            self.messages[seq] = Msg(body, priority, sent_at, 0, None, None, None)._replace(
+                **fields)
+        else:
+            self.messages[seq] = (body, priority, sent_at, 0, None, None, None)  # a Msg
 
     def take_out(self, seq):
         """Remove message seq from every index and return its Msg, body inline."""
@@ -290,36 +293,39 @@ class QueueRecord(Persistent):
         """The store key of a message (its ready-set position)."""
         return store_key(self.kind, self.messages[seq].priority, seq)
 
-    def detach(self, seq, key):
-        """Take a message out of whichever index holds it; return where it was (or None)."""
-        if key in self.ready:
-            self.ready.remove(key)
-            self.counts.add(ready=-1)
-            return "ready"
-        msg = self.messages.get(seq)
-        if msg is not None and msg.holder is not None:
-            del self.leased[msg.holder][seq]
-            self.messages[seq] = msg._replace(holder=None)
-            self.counts.add(inflight=-1)
-            return "inflight"
-        if seq in self.inflight:
-            del self.inflight[seq]
-            self.counts.add(inflight=-1)
-            return "inflight"
-        if seq in self.delayed:
-            del self.delayed[seq]
-            self.counts.add(delayed=-1)
-            return "delayed"
-        return None
+    def detach(self, seq, key, **counts):
+        """Take a message out of whichever index holds it; return where it was (or None).
+        counts: further counter deltas, added in the same step."""
+        where = None
+        if self.ready.discard(key):
+            where = "ready"
+        else:
+            msg = self.messages.get(seq)
+            if msg is not None and msg.holder is not None:
+                del self.leased[msg.holder][seq]
+                self.messages[seq] = msg._replace(holder=None)
+                where = "inflight"
+            elif seq in self.inflight:
+                del self.inflight[seq]
+                where = "inflight"
+            elif seq in self.delayed:
+                del self.delayed[seq]
+                where = "delayed"
+        if where is not None:
+            counts[where] = counts.get(where, 0) - 1
+        if counts:
+            self.counts.add(**counts)
+        return where
 
-    def make_ready(self, seq, key, visible_at=None):
-        """Put a message in the ready set, or in the delayed index until visible_at."""
+    def make_ready(self, seq, key, visible_at=None, **counts):
+        """Put a message in the ready set, or in the delayed index until visible_at.
+        counts: further counter deltas, added in the same step."""
         if visible_at:
             self.delayed[seq] = float(visible_at)
-            self.counts.add(delayed=1)
+            self.counts.add(delayed=1, **counts)
         else:
             self.ready.add(key)
-            self.counts.add(ready=1)
+            self.counts.add(ready=1, **counts)
 
     def deliver(self, seq, deadline, lease, at):
         """Move a ready message in flight (claimed through a server) and count the receive."""
@@ -512,10 +518,12 @@ class Put(_Op):
             # is moved a block ahead at a time, so that it is written once per SEQ_BLOCK
             # puts; the next open starts after the block (numbers are never reused).
             rec.next_seq.advance_past(self.seq + SEQ_BLOCK - 1)
-        rec.add_message(self.seq, self.body, self.priority, self.sent_at,
-                        expires_at=self.expires_at, attributes=self.attributes)
-        rec.make_ready(self.seq, self.key, self.visible_at)
-        rec.counts.add(put=1)
+        if self.expires_at is None and self.attributes is None:
+            rec.add_message(self.seq, self.body, self.priority, self.sent_at)
+        else:
+            rec.add_message(self.seq, self.body, self.priority, self.sent_at,
+                            expires_at=self.expires_at, attributes=self.attributes)
+        rec.make_ready(self.seq, self.key, self.visible_at, put=1)
         if self.dedup_id is not None:
             rec.dedup_table()[self.dedup_id] = self.dedup_until
 
@@ -642,11 +650,11 @@ class Ack(_Op):
         rec = _queue(root, self.name)
         if self.seq not in rec.messages:
             return
-        rec.detach(self.seq, self.key)
-        rec.delete_message(self.seq)
-        rec.counts.add(acked=1)
         if self.delivery is not None and self.delivery[0] > 1:
-            rec.counts.add(redelivered=1)
+            rec.detach(self.seq, self.key, acked=1, redelivered=1)
+        else:
+            rec.detach(self.seq, self.key, acked=1)
+        rec.delete_message(self.seq)
 
 
 class Promote(_Op):
