@@ -144,25 +144,90 @@ class SharedQueueState(QueueState):
               record=True, shuffle=False, policy=None, n=1):
         """Claim the next ready message (a random one with shuffle) for holder in the
         store, waiting as queue.Queue.get does, and return its Holding; with n > 1 a list
-        of 1 to n Holdings (the first waited for, then what else can be claimed at once;
-        an error after the first ends the batch, the next get meets it again).  Each claim,
-        and so its receive count, is durable before this returns.  Messages past their
-        retention or received policy.max_receives times are taken out on the way."""
+        of 1 to n Holdings: the first waited for, then up to n - 1 of the messages ready
+        at that moment, whose claims share commits (one that another process won is left
+        out).  Each claim, and so its receive count, is durable before this returns.
+        Messages past their retention or received policy.max_receives times are taken
+        out on the way."""
         first = self._claim_one(front, holder, block, timeout, visibility_timeout, shuffle,
                                 policy)
         if n == 1:
             return first
-        got = [first]
-        while len(got) < n:
-            try:
-                got.append(self._claim_one(front, holder, False, None, visibility_timeout,
-                                           shuffle, policy))
-            except (Empty, ShutDown):
-                break
-            except Exception:
-                log.warning("ackqueue: a batch claim ended early", exc_info=True)
-                break
+        return [first] + self._claim_more(front, holder, n - 1, visibility_timeout,
+                                          shuffle, policy)
+
+    def _claim_more(self, front, holder, count, visibility_timeout, shuffle, policy):
+        """Claim up to count more ready messages at once, without waiting: one unit each,
+        submitted together so that they share a commit (a unit refused because another
+        process took its message fails alone).  Returns the Holdings of those claimed."""
+        with self.mutex:
+            self._expire()
+            if front.is_shutdown and front.shutdown_immediate:
+                return []
+            rec = self._record()
+            among = []
+            for seq, skey in self._candidates(rec):
+                among.append((seq, skey))
+                if len(among) >= (SHUFFLE_AMONG if shuffle else count):
+                    break
+            if shuffle and len(among) > count:
+                among = random.sample(among, count)
+            picks = [(seq, skey, rec.messages[seq]) for seq, skey in among]
+            self._claiming.update(seq for seq, _, _ in picks)
+        now = self.clock()
+        deadline = None if visibility_timeout is None else now + visibility_timeout
+        pending = []
+        try:
+            for seq, skey, msg in picks:
+                op = self._receive_op(seq, skey, msg, now, deadline, policy)
+                pending.append((seq, skey, op, self.committer.submit([op])))
+        finally:
+            with self.mutex:          # what was never submitted is not being claimed
+                self._claiming.difference_update(
+                    seq for seq, _, _ in picks[len(pending):])
+        got = []
+        try:
+            for seq, skey, op, ticket in pending:
+                try:
+                    ticket.wait()
+                except store.ClaimLost:
+                    with self.mutex:
+                        self.claims_lost += 1
+                    continue
+                except Exception:
+                    log.warning("ackqueue: a claim of a batch failed", exc_info=True)
+                    continue
+                if isinstance(op, store.Claim):         # else taken out, not delivered
+                    with self.mutex:
+                        got.append(self._held(seq, skey, holder, deadline, op))
+        finally:
+            with self.mutex:
+                self._claiming.difference_update(seq for seq, _, _, _ in pending)
         return got
+
+    def _receive_op(self, seq, skey, msg, now, deadline, policy):
+        """The store operation that receives message seq: its Claim, or its Expire or
+        DeadLetter if it is past its retention or its receives."""
+        if msg.expires_at is not None and msg.expires_at <= now:
+            return store.Expire(self.name, seq, now)
+        if (policy is not None and policy.max_receives is not None
+                and msg.receive_count >= policy.max_receives):
+            return store.DeadLetter(self.name, seq, policy.target, None, now,
+                                    expect=msg.receive_count)
+        return store.Claim(self.name, seq, skey, None, now, deadline,
+                           lease=self.database.lease_id)
+
+    def _held(self, seq, skey, holder, deadline, op):
+        """Record a committed Claim as holder's Holding (call with the mutex held)."""
+        meta = Meta.from_msg(op.result, op.result.body)
+        holding = Holding(seq, skey, skey, next(self.tokens), holder, deadline, meta)
+        self.inflight[seq] = holding
+        self.holders.setdefault(holder, {})[seq] = holding
+        if deadline is not None:
+            heapq.heappush(self.deadlines, (deadline, holding.token, seq))
+        self.reaper_wake.notify()
+        self.not_full.notify()
+        return holding
 
     def _claim_one(self, front, holder, block, timeout, visibility_timeout, shuffle, policy):
         endtime = None if (timeout is None or not block) else monotonic() + timeout
@@ -174,15 +239,7 @@ class SharedQueueState(QueueState):
                 self._claiming.add(seq)
             now = self.clock()
             deadline = None if visibility_timeout is None else now + visibility_timeout
-            if msg.expires_at is not None and msg.expires_at <= now:
-                op = store.Expire(self.name, seq, now)
-            elif (policy is not None and policy.max_receives is not None
-                    and msg.receive_count >= policy.max_receives):
-                op = store.DeadLetter(self.name, seq, policy.target, None, now,
-                                      expect=msg.receive_count)
-            else:
-                op = store.Claim(self.name, seq, skey, None, now, deadline,
-                                 lease=self.database.lease_id)
+            op = self._receive_op(seq, skey, msg, now, deadline, policy)
             try:
                 self.committer.submit([op]).wait()
                 if not isinstance(op, store.Claim):      # taken out instead of delivered
@@ -207,15 +264,7 @@ class SharedQueueState(QueueState):
             with self.mutex:
                 self._claiming.discard(seq)
                 self._spread = max(1, self._spread - 1)
-                meta = Meta.from_msg(op.result, op.result.body)
-                holding = Holding(seq, skey, skey, next(self.tokens), holder, deadline, meta)
-                self.inflight[seq] = holding
-                self.holders.setdefault(holder, {})[seq] = holding
-                if deadline is not None:
-                    heapq.heappush(self.deadlines, (deadline, holding.token, seq))
-                self.reaper_wake.notify()
-                self.not_full.notify()
-                return holding
+                return self._held(seq, skey, holder, deadline, op)
 
     def _wait_for_candidate(self, front, block, endtime, shuffle=False):
         while True:

@@ -1718,6 +1718,20 @@ class TestZeo:
         with pytest.raises(Empty):
             q.get_many(2, block=False)
 
+    def test_zeo_get_many_claims_its_batch_in_shared_commits(self, zeo):
+        q = zeo()
+        q.put_many([f"m{i}" for i in range(20)])
+        committer = q._database.committer
+        before = committer.commits
+        got = q.get_many(20, timeout=self.WAIT)
+        assert got == [f"m{i}" for i in range(20)]
+        # The first claim waits alone; the other 19 are submitted together and share
+        # commits (one claim per commit would be 20).
+        assert committer.commits - before <= 5
+        assert counts_of(q) == count(ready=0, in_flight=20, delayed=0)
+        q.ack_many(got)
+        assert q.unfinished_tasks == 0
+
     def test_zeo_counts_and_queues(self, zeo):
         clock = FakeClock()
         q = zeo(clock=clock)
