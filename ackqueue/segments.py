@@ -124,13 +124,8 @@ class SegmentedIndex(Persistent):
         data[key] = value
 
     def __delitem__(self, key):
-        segment = self._segment(key)
-        if segment is None or key not in segment.data:
+        if not self.discard(key):
             raise KeyError(key)
-        segment._p_changed = True
-        # An emptied segment stays linked (the next keys of its run land in it, writing
-        # one object instead of a new segment and the tree); compact() drops it later.
-        del segment.data[key]
 
     def _unlink(self, number, segment):
         # The segment is written too, as retired: a concurrent transaction that adds to it
@@ -163,6 +158,8 @@ class SegmentedIndex(Persistent):
         if key not in data:
             return False
         segment._p_changed = True
+        # An emptied segment stays linked (the next keys of its run land in it, writing
+        # one object instead of a new segment and the tree); compact() drops it later.
         del data[key]
         return True
 

@@ -176,17 +176,12 @@ class SharedQueueState(QueueState):
             self._claiming.update(seq for seq, _, _ in picks)
         now = self.clock()
         deadline = None if visibility_timeout is None else now + visibility_timeout
-        pending = []
+        got = []
         try:
+            pending = []
             for seq, skey, msg in picks:
                 op = self._receive_op(seq, skey, msg, now, deadline, policy)
                 pending.append((seq, skey, op, self.committer.submit([op])))
-        finally:
-            with self.mutex:          # what was never submitted is not being claimed
-                self._claiming.difference_update(
-                    seq for seq, _, _ in picks[len(pending):])
-        got = []
-        try:
             for seq, skey, op, ticket in pending:
                 try:
                     ticket.wait()
@@ -202,7 +197,7 @@ class SharedQueueState(QueueState):
                         got.append(self._held(seq, skey, holder, deadline, op))
         finally:
             with self.mutex:
-                self._claiming.difference_update(seq for seq, _, _, _ in pending)
+                self._claiming.difference_update(seq for seq, _, _ in picks)
         return got
 
     def _receive_op(self, seq, skey, msg, now, deadline, policy):

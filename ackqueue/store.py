@@ -245,17 +245,17 @@ class QueueRecord(Persistent):
         return msg.body if msg.body is not None else self.bodies[seq].data
 
     def add_message(self, seq, body, priority, sent_at, **fields):
-        """Store message seq; fields are further Msg fields (expires_at, attributes, ...)."""
+        """Store message seq; fields are further Msg fields (expires_at, attributes, ...),
+        None for a field being its default."""
         if len(body) > LARGE_BODY:
             if self.bodies is None:
                 self.bodies = LOBTree()
             self.bodies[seq] = Body(body)
             body = None
-        if fields:
-            self.messages[seq] = Msg(body, priority, sent_at, 0, None, None, None)._replace(
-                **fields)
-        else:
-            self.messages[seq] = (body, priority, sent_at, 0, None, None, None)  # a Msg
+        msg = (body, priority, sent_at, 0, None, None, None)     # a Msg's first 7 fields
+        if any(value is not None for value in fields.values()):
+            msg = Msg(*msg)._replace(**fields)
+        self.messages[seq] = msg
 
     def take_out(self, seq):
         """Remove message seq from every index and return its Msg, body inline."""
@@ -518,11 +518,8 @@ class Put(_Op):
             # is moved a block ahead at a time, so that it is written once per SEQ_BLOCK
             # puts; the next open starts after the block (numbers are never reused).
             rec.next_seq.advance_past(self.seq + SEQ_BLOCK - 1)
-        if self.expires_at is None and self.attributes is None:
-            rec.add_message(self.seq, self.body, self.priority, self.sent_at)
-        else:
-            rec.add_message(self.seq, self.body, self.priority, self.sent_at,
-                            expires_at=self.expires_at, attributes=self.attributes)
+        rec.add_message(self.seq, self.body, self.priority, self.sent_at,
+                        expires_at=self.expires_at, attributes=self.attributes)
         rec.make_ready(self.seq, self.key, self.visible_at, put=1)
         if self.dedup_id is not None:
             rec.dedup_table()[self.dedup_id] = self.dedup_until
