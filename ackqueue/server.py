@@ -49,7 +49,7 @@ def parse_listen(text):
     return host, port
 
 
-def _stop(signum, frame):
+def _stop(signum):
     log.info("ackqueue server: stopping on %s", signal.Signals(signum).name)
     raise SystemExit(0)
 
@@ -67,8 +67,11 @@ def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", out=
         raise
     try:
         bound_host, bound_port = server.addr[:2]
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            # Raised by the event loop between two requests.  Raised from a plain signal
+            # handler, SystemExit could land inside a request (a vote reading its data),
+            # where ZEO turns it into that client's error and the server runs on.
+            server.acceptor.event_loop.add_signal_handler(signum, _stop, signum)
         print(f"ackqueue server: serving {path} at zeo://{bound_host}:{bound_port} "
               f"(pid {os.getpid()}, durability {durability}); stop with SIGTERM or Ctrl-C",
               file=out, flush=True)
