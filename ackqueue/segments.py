@@ -127,6 +127,42 @@ class SegmentedIndex(Persistent):
         if not self.discard(key):
             raise KeyError(key)
 
+    def set_many(self, pairs):
+        """self[key] = value for each (key, value): what __setitem__ does, with one segment
+        lookup per run of neighbouring keys instead of one per key (batches of puts)."""
+        bits, segments = self.bits, self.segments
+        number = data = None
+        for key, value in pairs:
+            if key >> bits != number:
+                number = key >> bits
+                segment = segments.get(number)
+                if segment is None:
+                    segment = segments[number] = Segment()
+                data = segment.data       # (loads a ghost before it is marked changed)
+                segment._p_changed = True
+            data[key] = value
+
+    def discard_many(self, keys):
+        """discard() each key, looking up one segment per run of neighbouring keys; return
+        the set of keys that were there."""
+        bits, segments = self.bits, self.segments
+        removed = set()
+        number = segment = data = None
+        for key in keys:
+            if key >> bits != number:
+                number = key >> bits
+                segment = segments.get(number)
+                data = segment.data if segment is not None else None
+            if data is not None and key in data:
+                segment._p_changed = True
+                del data[key]
+                removed.add(key)
+        return removed
+
+    def add_many(self, keys):
+        """add() each key, looking up one segment per run of neighbouring keys."""
+        self.set_many((key, None) for key in keys)
+
     def _unlink(self, number, segment):
         # The segment is written too, as retired: a concurrent transaction that adds to it
         # (it still sees it linked) then conflicts with this one instead of adding a key
@@ -251,13 +287,22 @@ class MessageIndex(SegmentedIndex):
         return default if value is _MISSING else Msg(*value)
 
     def __setitem__(self, key, value):
-        if type(value) is not tuple:
-            value = tuple(value)
-        size = len(value)
-        while size > _MSG_CORE and value[size - 1] is None:  # keep old-size tuples small
-            size -= 1
-        super().__setitem__(key, value if size == len(value) else value[:size])
+        super().__setitem__(key, _stored(value))
+
+    def set_many(self, pairs):
+        super().set_many((key, _stored(value)) for key, value in pairs)
 
     def items(self):
         for key, value in super().items():
             yield key, Msg(*value)
+
+
+def _stored(msg):
+    """A Msg as a MessageIndex stores it: a plain tuple without trailing default fields, so
+    that messages that use none of the later fields stay as small as old-size ones."""
+    if type(msg) is not tuple:
+        msg = tuple(msg)
+    size = len(msg)
+    while size > _MSG_CORE and msg[size - 1] is None:
+        size -= 1
+    return msg if size == len(msg) else msg[:size]

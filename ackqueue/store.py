@@ -247,15 +247,27 @@ class QueueRecord(Persistent):
     def add_message(self, seq, body, priority, sent_at, **fields):
         """Store message seq; fields are further Msg fields (expires_at, attributes, ...),
         None for a field being its default."""
-        if len(body) > LARGE_BODY:
-            if self.bodies is None:
-                self.bodies = LOBTree()
-            self.bodies[seq] = Body(body)
-            body = None
-        msg = (body, priority, sent_at, 0, None, None, None)     # a Msg's first 7 fields
+        msg = (self._inline(seq, body), priority, sent_at, 0, None, None, None)  # 7 fields
         if any(value is not None for value in fields.values()):
             msg = Msg(*msg)._replace(**fields)
         self.messages[seq] = msg
+
+    def add_puts(self, puts):
+        """Store the messages of Put operations (add_message for each, in one pass)."""
+        self.messages.set_many(
+            (op.seq, (self._inline(op.seq, op.body), op.priority, op.sent_at, 0, None, None,
+                      None, op.expires_at, op.attributes))
+            for op in puts)
+
+    def _inline(self, seq, body):
+        """What a message record keeps of body: itself, or None when it is large enough for
+        a Body record of its own (made here)."""
+        if len(body) <= LARGE_BODY:
+            return body
+        if self.bodies is None:
+            self.bodies = LOBTree()
+        self.bodies[seq] = Body(body)
+        return None
 
     def take_out(self, seq):
         """Remove message seq from every index and return its Msg, body inline."""
@@ -289,6 +301,14 @@ class QueueRecord(Persistent):
         if self.bodies is not None and seq in self.bodies:
             del self.bodies[seq]
 
+    def delete_messages(self, seqs):
+        """delete_message() each of seqs (present ones), in one pass over the index."""
+        self.messages.discard_many(seqs)
+        if self.bodies is not None:
+            for seq in seqs:
+                if seq in self.bodies:
+                    del self.bodies[seq]
+
     def key_of(self, seq):
         """The store key of a message (its ready-set position)."""
         return store_key(self.kind, self.messages[seq].priority, seq)
@@ -296,26 +316,29 @@ class QueueRecord(Persistent):
     def detach(self, seq, key, **counts):
         """Take a message out of whichever index holds it; return where it was (or None).
         counts: further counter deltas, added in the same step."""
-        where = None
-        if self.ready.discard(key):
-            where = "ready"
-        else:
-            msg = self.messages.get(seq)
-            if msg is not None and msg.holder is not None:
-                del self.leased[msg.holder][seq]
-                self.messages[seq] = msg._replace(holder=None)
-                where = "inflight"
-            elif seq in self.inflight:
-                del self.inflight[seq]
-                where = "inflight"
-            elif seq in self.delayed:
-                del self.delayed[seq]
-                where = "delayed"
+        where = self.unindex(seq, key)
         if where is not None:
             counts[where] = counts.get(where, 0) - 1
         if counts:
             self.counts.add(**counts)
         return where
+
+    def unindex(self, seq, key):
+        """detach() without counting: the caller adjusts the counter of where it was."""
+        if self.ready.discard(key):
+            return "ready"
+        msg = self.messages.get(seq)
+        if msg is not None and msg.holder is not None:
+            del self.leased[msg.holder][seq]
+            self.messages[seq] = msg._replace(holder=None)
+            return "inflight"
+        if seq in self.inflight:
+            del self.inflight[seq]
+            return "inflight"
+        if seq in self.delayed:
+            del self.delayed[seq]
+            return "delayed"
+        return None
 
     def make_ready(self, seq, key, visible_at=None, **counts):
         """Put a message in the ready set, or in the delayed index until visible_at.
@@ -458,11 +481,25 @@ def _queue(root, name):
 
 
 def apply_unit(root, ops):
-    """Apply the operations of one unit: every check first, so a refused unit writes nothing."""
+    """Apply the operations of one unit: every check first, so a refused unit writes nothing.
+
+    A run of neighbouring operations of one class on one queue is applied by the class's
+    apply_run when it has one (a batch of puts or acks: the queue, its counters and each
+    index segment are looked up once per run instead of once per message)."""
     for op in ops:
         op.check(root)
-    for op in ops:
-        op.apply(root)
+    start, end = 0, len(ops)
+    while start < end:
+        op = ops[start]
+        cls, stop = type(op), start + 1
+        if cls.apply_run is not None:
+            while stop < end and type(ops[stop]) is cls and ops[stop].name == op.name:
+                stop += 1
+        if stop - start > 1:
+            cls.apply_run(root, ops[start:stop])
+        else:
+            op.apply(root)
+        start = stop
 
 
 class ClaimLost(Refused):
@@ -475,6 +512,8 @@ class LeaseLost(Refused):
 
 class _Op:
     __slots__ = ()
+
+    apply_run = None    # or a classmethod applying a run of ops (see apply_unit)
 
     def check(self, root):
         """Raise Refused if this operation must not be applied (the default: always apply)."""
@@ -523,6 +562,29 @@ class Put(_Op):
         rec.make_ready(self.seq, self.key, self.visible_at, put=1)
         if self.dedup_id is not None:
             rec.dedup_table()[self.dedup_id] = self.dedup_until
+
+    @classmethod
+    def apply_run(cls, root, puts):
+        if any(op.numbered for op in puts):   # numbered by the store, one after the other
+            for op in puts:
+                op.apply(root)
+            return
+        rec = _queue(root, puts[0].name)
+        value = rec.next_seq.value            # moved as apply() moves it, op by op
+        for op in puts:
+            if op.seq >= value:
+                value = op.seq + SEQ_BLOCK
+        if value != rec.next_seq.value:
+            rec.next_seq.advance_past(value - 1)
+        rec.add_puts(puts)
+        ready = [op.key for op in puts if not op.visible_at]
+        rec.ready.add_many(ready)
+        for op in puts:
+            if op.visible_at:
+                rec.delayed[op.seq] = float(op.visible_at)
+            if op.dedup_id is not None:
+                rec.dedup_table()[op.dedup_id] = op.dedup_until
+        rec.counts.add(put=len(puts), ready=len(ready), delayed=len(puts) - len(ready))
 
 
 class Claim(_Op):
@@ -652,6 +714,32 @@ class Ack(_Op):
         else:
             rec.detach(self.seq, self.key, acked=1)
         rec.delete_message(self.seq)
+
+    @classmethod
+    def apply_run(cls, root, acks):
+        rec = _queue(root, acks[0].name)
+        counts = {"acked": 0, "redelivered": 0, "ready": 0, "inflight": 0, "delayed": 0}
+        # A process that holds its storage alone writes no claims, so what it acks is
+        # still in the ready set there: take those keys out in one pass first.
+        was_ready = rec.ready.discard_many([op.key for op in acks])
+        gone = set()
+        for op in acks:
+            if op.seq in gone:
+                continue
+            if op.key in was_ready:
+                where = "ready"
+            elif op.seq in rec.messages:
+                where = rec.unindex(op.seq, op.key)
+            else:
+                continue                    # acknowledged already
+            gone.add(op.seq)
+            if where is not None:
+                counts[where] -= 1
+            counts["acked"] += 1
+            if op.delivery is not None and op.delivery[0] > 1:
+                counts["redelivered"] += 1
+        rec.delete_messages(sorted(gone))
+        rec.counts.add(**{name: delta for name, delta in counts.items() if delta})
 
 
 class Promote(_Op):
