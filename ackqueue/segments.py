@@ -16,13 +16,14 @@ Conflict resolution runs where the commit lands: in the process for a FileStorag
 server under ZEO (which is why the server needs ackqueue importable).
 """
 import pickle
+import struct
 from collections import namedtuple
 
 from BTrees.LOBTree import LOBTree
 from persistent import Persistent
 from ZODB.POSException import ConflictError
 
-__all__ = ["SegmentedIndex", "Segment", "MessageIndex", "Msg"]
+__all__ = ["SegmentedIndex", "Segment", "KeySet", "KeySegment", "MessageIndex", "Msg"]
 
 _MISSING = object()
 _PROTOCOL = 4
@@ -84,9 +85,49 @@ class Segment(Persistent):
         return pickle.dumps(merged, protocol=_PROTOCOL)
 
 
+class KeySegment(Segment):
+    """A Segment of a key set (every value None) whose state is its keys packed as signed
+    64-bit integers.  Loading one is an array copy instead of unpickling a dict, and a
+    merge is a few set operations, so a KeySet can use segments several times larger:
+    opening a queue loads its whole ready set, and ZODB's cost per object loaded is what
+    made that slow with a million messages waiting."""
+
+    def __getstate__(self):
+        if self.retired:
+            return RETIRED
+        return _pack_keys(self.data)
+
+    def __setstate__(self, state):
+        self.retired = state == RETIRED
+        self.data = {} if self.retired else dict.fromkeys(_unpack_keys(state))
+
+    def _p_resolveConflict(self, old, committed, new):
+        if RETIRED in (committed, new):
+            raise ConflictError("a queue index segment was retired by a concurrent commit")
+        old = set() if old == RETIRED else set(_unpack_keys(old))
+        theirs, ours = set(_unpack_keys(committed)), set(_unpack_keys(new))
+        if (theirs - old) & (ours - old) or (old - theirs) & (old - ours):
+            # Both added or both removed one key (two claims of one message, ...).
+            raise ConflictError("both transactions changed the same queue entry")
+        merged = (old - (old - theirs) - (old - ours)) | (theirs - old) | (ours - old)
+        return _pack_keys(merged)
+
+
+def _pack_keys(keys):
+    """Keys as little-endian signed 64-bit integers (the same bytes on every machine that
+    shares the storage)."""
+    return struct.pack(f"<{len(keys)}q", *keys)
+
+
+def _unpack_keys(state):
+    return struct.unpack(f"<{len(state) // 8}q", state)
+
+
 class SegmentedIndex(Persistent):
     """A sorted int -> value map (or int set, with add/remove) that merges concurrent
     changes to different keys.  The subset of the BTree API the queue uses."""
+
+    segment_class = Segment
 
     def __init__(self, bits=6):
         self.bits = bits
@@ -96,7 +137,7 @@ class SegmentedIndex(Persistent):
         number = key >> self.bits
         segment = self.segments.get(number)
         if segment is None and create:
-            segment = self.segments[number] = Segment()
+            segment = self.segments[number] = self.segment_class()
         return segment
 
     # -- mapping --------------------------------------------------------------------------
@@ -137,7 +178,7 @@ class SegmentedIndex(Persistent):
                 number = key >> bits
                 segment = segments.get(number)
                 if segment is None:
-                    segment = segments[number] = Segment()
+                    segment = segments[number] = self.segment_class()
                 data = segment.data       # (loads a ghost before it is marked changed)
                 segment._p_changed = True
             data[key] = value
@@ -254,6 +295,38 @@ class SegmentedIndex(Persistent):
         for number, segment in self.segments.items():
             return not segment.data and number != self.segments.maxKey()
         return False
+
+
+class KeySet(SegmentedIndex):
+    """A SegmentedIndex used only as a set of integers below 2**63 (add, discard, in),
+    stored in KeySegments of 256 keys: the queue's ready set.  Its segments are 4 times
+    as large as a plain index's, so that opening a queue loads 4 times fewer objects (a
+    million ready messages: about 3,900 instead of 15,600; that open measured 0.5-0.7 s
+    instead of 1.2-1.9 s).  The price is paid by each commit that changes a segment: it
+    writes up to 2 KB of keys and packs them (with a 5,000-message backlog, put+get+ack
+    cycles without fsync ran about 6% slower than with 64-key segments; 512-key ones
+    cost 16%)."""
+
+    segment_class = KeySegment
+
+    def __init__(self, bits=8):
+        super().__init__(bits)
+
+    def __setitem__(self, key, value):
+        if value is not None:
+            raise TypeError("a KeySet holds keys only (use add)")
+        super().__setitem__(key, None)
+
+    def set_many(self, pairs):
+        def keys_only():
+            for key, value in pairs:
+                if value is not None:
+                    raise TypeError("a KeySet holds keys only (use add_many)")
+                yield key, None
+        super().set_many(keys_only())
+
+    def add_many(self, keys):
+        super().set_many((key, None) for key in keys)
 
 
 Msg = namedtuple("Msg", "body priority sent_at receive_count first_received last_received "

@@ -18,17 +18,19 @@ Layout, under the database root::
 
 Why this shape:
 - A message is a plain tuple (ackqueue.segments.Msg) kept inline in its index segment: a
-  put writes that segment (its run of 64 neighbours, pickled as one bytes object), a
+  put writes that segment (its run of 16 neighbours, pickled as one bytes object), a
   counter and the ready segment, and nothing else.  A body over LARGE_BODY bytes is kept
   in a Body record of its own (``.bodies[seq]``), so that big items are not rewritten
   with every change to their neighbours.
-- messages and ready are SegmentedIndexes (ackqueue.segments): runs of 64 neighbouring
-  messages per persistent segment, whose conflict resolution merges concurrent changes to
+- messages and ready are segmented indexes (ackqueue.segments): runs of neighbouring keys
+  per persistent segment (16 messages; 256 ready keys, packed 8 bytes each, so that an
+  open loads few objects), whose conflict resolution merges concurrent changes to
   different messages, including at the head of the queue, where BTree buckets refuse to
   merge ("Delete of first key").  So writers that touch different messages (the committer,
   an application's own connection, other processes through a server) do not conflict,
-  and two claims of one message do.  The other indexes are small BTrees of integers.  Sizes and totals live in Counters, which resolves
-  conflicts by adding deltas (like BTrees.Length); SeqCounter resolves by taking the larger.
+  and two claims of one message do.  The other indexes are small BTrees of integers.
+  Sizes and totals live in Counters, which resolves conflicts by adding deltas (like
+  BTrees.Length); SeqCounter resolves by taking the larger.
 - A store key orders the ready set: priority first (higher first), then the sequence number
   (FIFO) or its complement (LIFO).  Priority queues ordered by item value use the sequence
   number as store key and order by value in memory (see ackqueue.state).
@@ -60,7 +62,7 @@ from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 from ZODB.POSException import ConflictError
 
-from .segments import MessageIndex, Msg, SegmentedIndex
+from .segments import KeySet, MessageIndex, Msg, SegmentedIndex
 
 from .errors import DuplicateMessage, Refused, StaleAck
 
@@ -234,7 +236,7 @@ class QueueRecord(Persistent):
         self.kind = kind
         self.created = time.time()
         self.messages = MessageIndex()
-        self.ready = SegmentedIndex()
+        self.ready = KeySet()
         self.inflight = LOBTree()
         self.delayed = LOBTree()
         self.next_seq = SeqCounter()
@@ -399,7 +401,7 @@ class QueueRecord(Persistent):
                     receive_count=m.receive_count, first_received=m.first_received,
                     last_received=m.last_received)
         if not isinstance(self.ready, SegmentedIndex):
-            ready = SegmentedIndex()
+            ready = KeySet()
             for key in self.ready:
                 ready.add(key)
             self.ready, changed = ready, True

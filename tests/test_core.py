@@ -712,6 +712,41 @@ def test_a_queue_file_of_ackqueue_0_1_is_upgraded_on_open(tmp_path):
         assert q.get_message().id == 4             # numbering goes on after the old seqs
 
 
+def test_a_ready_set_of_plain_segments_keeps_working(tmp_path):
+    """Files written before the ready set had packed KeySegments keep a SegmentedIndex of
+    64-key dict segments: it still opens in order, takes puts and acks, and merges."""
+    import ZODB
+    from ZODB.FileStorage import FileStorage
+
+    from ackqueue import store
+    from ackqueue.segments import KeySet, SegmentedIndex
+
+    path = str(tmp_path / "plain.fs")
+    with AckQueue(path=path) as q:
+        q.put_many([f"job{i}" for i in range(100)])
+    db = ZODB.DB(FileStorage(path))
+    with db.transaction() as conn:
+        rec = conn.root()[store.ROOT_KEY].queues["default"]
+        assert isinstance(rec.ready, KeySet)
+        plain = SegmentedIndex()                           # the earlier layout
+        for key in rec.ready:
+            plain.add(key)
+        rec.ready = plain
+    db.close()
+
+    with AckQueue(path=path) as q:
+        got = q.get_many(60)
+        assert got == [f"job{i}" for i in range(60)]
+        q.ack_many(got)
+        q.put("new")
+    with AckQueue(path=path) as q:
+        assert q.qsize() == 41
+        assert q.get() == "job60"
+        with q._database.db.transaction() as conn:
+            ready = conn.root()[store.ROOT_KEY].queues["default"].ready
+            assert type(ready) is SegmentedIndex
+
+
 @pytest.mark.parametrize("cls", [AckQueue, ackqueue.AckPriorityQueue])
 def test_large_items_round_trip_and_leave_nothing_behind(tmp_path, cls):
     """Items above store.LARGE_BODY get a record of their own; they keep their order,

@@ -5,15 +5,16 @@ import ZODB
 from ZODB.FileStorage import FileStorage
 from ZODB.POSException import ConflictError
 
-from ackqueue.segments import SegmentedIndex
+from ackqueue.segments import KeySet, SegmentedIndex
 
 
-@pytest.fixture
-def two(tmp_path):
-    """Two connections of one FileStorage database, each with its own transaction."""
+@pytest.fixture(params=[SegmentedIndex, KeySet])
+def two(tmp_path, request):
+    """Two connections of one FileStorage database, each with its own transaction, on an
+    index of either kind (plain segments, or the ready set's packed key segments)."""
     db = ZODB.DB(FileStorage(str(tmp_path / "seg.fs")))
     with db.transaction() as conn:
-        conn.root()["index"] = index = SegmentedIndex(bits=3)
+        conn.root()["index"] = index = request.param(bits=3)
         for key in (1, 2, 3, 9):
             index.add(key)
     managers = [transaction.TransactionManager() for _ in range(2)]
@@ -47,6 +48,26 @@ def test_two_removals_of_one_key_conflict(two):
     tm_a.commit()
     with pytest.raises(ConflictError):
         tm_b.commit()
+
+
+def test_two_adds_of_one_key_conflict(two):
+    (tm_a, a), (tm_b, b) = two
+    a.add(5)
+    b.add(5)
+    tm_a.commit()
+    with pytest.raises(ConflictError):
+        tm_b.commit()
+
+
+def test_adds_and_removals_in_one_segment_from_both_sides_merge(two):
+    (tm_a, a), (tm_b, b) = two
+    a.remove(1)
+    a.add(5)
+    b.remove(3)
+    b.add(6)
+    tm_a.commit()
+    tm_b.commit()
+    assert keys_after(two[0]) == [2, 5, 6, 9]
 
 
 def test_a_key_added_to_a_segment_emptied_meanwhile_merges(two):
@@ -125,3 +146,24 @@ def test_key_list_is_every_key_in_order(tmp_path):
         index.add(key)
     index.remove(4)
     assert index.key_list() == sorted(set(keys) - {4}) == list(index)
+
+
+def test_a_key_set_packs_its_keys_and_holds_nothing_else(tmp_path):
+    """The ready set's segments store 8 bytes per key, for keys up to the largest store
+    key (top priority rank, 48-bit sequence), and refuse values they could not keep."""
+    from ackqueue import store
+    big = store.store_key(store.FIFO, 0, store.SEQ_MASK)
+    keys = [3, 1, big, big - 1]
+    db = ZODB.DB(FileStorage(str(tmp_path / "keys.fs")))
+    try:
+        with db.transaction() as conn:
+            conn.root()["ready"] = ready = KeySet()
+            ready.add_many(keys)
+            segment = ready._segment(3)
+            assert len(segment.__getstate__()) == 8 * 2
+        with db.transaction() as conn:
+            assert conn.root()["ready"].key_list() == sorted(keys)
+    finally:
+        db.close()
+    with pytest.raises(TypeError):
+        KeySet()[1] = "a value"
