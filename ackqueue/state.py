@@ -513,7 +513,15 @@ class QueueState:
                     return first
                 got = [first]
                 while len(got) < n and len(self.ready) and not self._shut(front):
-                    h = self._take_next(*take)
+                    try:
+                        h = self._take_next(*take)
+                    except Exception:
+                        # The batch so far is delivered and must reach the caller; the
+                        # message that could not be read stays ready, and the next get
+                        # that reaches it raises.
+                        log.warning("ackqueue: a get_many batch stops short: a message "
+                                    "could not be read", exc_info=True)
+                        break
                     if h is not None:
                         got.append(h)
                 return got

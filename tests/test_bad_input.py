@@ -205,6 +205,30 @@ def test_get_many_sets_an_unreadable_item_aside_and_returns_the_rest(make):
     assert q.unfinished_tasks == 1
 
 
+def test_get_many_returns_its_batch_when_a_later_message_cannot_be_read(tmp_path):
+    """A message whose record is missing from the store (here removed behind the queue's
+    back) cannot be read: a batch that reaches it returns what it already took, instead of
+    raising and leaving those messages in flight with nobody holding them."""
+    import ZODB
+    from ZODB.FileStorage import FileStorage
+
+    from ackqueue import store
+    path = str(tmp_path / "q.fs")
+    with AckQueue(path=path) as q:
+        q.put_many(["a", "b", "c"])
+    db = ZODB.DB(FileStorage(path))
+    with db.transaction() as conn:
+        del conn.root()[store.ROOT_KEY].queues["default"].messages[2]   # "b"
+    db.close()
+    with AckQueue(path=path) as q:
+        got = q.get_many(3)
+        assert got == ["a"]
+        q.ack_many(got)
+        with pytest.raises(KeyError):           # the unreadable one is still at the head
+            q.get_nowait()
+        assert q.qsize() == 2
+
+
 # -- items over the queue's max_item_size -------------------------------------------------
 
 def pickled_size(item):
