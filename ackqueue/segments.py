@@ -109,7 +109,7 @@ class KeySegment(Segment):
         if (theirs - old) & (ours - old) or (old - theirs) & (old - ours):
             # Both added or both removed one key (two claims of one message, ...).
             raise ConflictError("both transactions changed the same queue entry")
-        merged = (old - (old - theirs) - (old - ours)) | (theirs - old) | (ours - old)
+        merged = (old & theirs & ours) | (theirs - old) | (ours - old)
         return _pack_keys(merged)
 
 
@@ -171,6 +171,9 @@ class SegmentedIndex(Persistent):
     def set_many(self, pairs):
         """self[key] = value for each (key, value): what __setitem__ does, with one segment
         lookup per run of neighbouring keys instead of one per key (batches of puts)."""
+        self._set_many(pairs)
+
+    def _set_many(self, pairs):
         bits, segments = self.bits, self.segments
         number = data = None
         for key, value in pairs:
@@ -202,7 +205,7 @@ class SegmentedIndex(Persistent):
 
     def add_many(self, keys):
         """add() each key, looking up one segment per run of neighbouring keys."""
-        self.set_many((key, None) for key in keys)
+        self._set_many((key, None) for key in keys)
 
     def _unlink(self, number, segment):
         # The segment is written too, as retired: a concurrent transaction that adds to it
@@ -318,15 +321,10 @@ class KeySet(SegmentedIndex):
         super().__setitem__(key, None)
 
     def set_many(self, pairs):
-        def keys_only():
-            for key, value in pairs:
-                if value is not None:
-                    raise TypeError("a KeySet holds keys only (use add_many)")
-                yield key, None
-        super().set_many(keys_only())
-
-    def add_many(self, keys):
-        super().set_many((key, None) for key in keys)
+        pairs = list(pairs)
+        if any(value is not None for _, value in pairs):
+            raise TypeError("a KeySet holds keys only (use add_many)")
+        self._set_many(pairs)
 
 
 Msg = namedtuple("Msg", "body priority sent_at receive_count first_received last_received "
@@ -363,7 +361,7 @@ class MessageIndex(SegmentedIndex):
         super().__setitem__(key, _stored(value))
 
     def set_many(self, pairs):
-        super().set_many((key, _stored(value)) for key, value in pairs)
+        self._set_many((key, _stored(value)) for key, value in pairs)
 
     def items(self):
         for key, value in super().items():

@@ -41,19 +41,12 @@ def test_concurrent_changes_to_different_keys_merge_even_at_the_head(two):
     assert keys_after(two[0]) == [3, 4, 9]
 
 
-def test_two_removals_of_one_key_conflict(two):
+@pytest.mark.parametrize("change, key", [("remove", 1), ("add", 5)])
+def test_two_changes_of_one_key_conflict(two, change, key):
+    """Two claims of one message (removals) or two adds of one key must not both win."""
     (tm_a, a), (tm_b, b) = two
-    a.remove(1)
-    b.remove(1)
-    tm_a.commit()
-    with pytest.raises(ConflictError):
-        tm_b.commit()
-
-
-def test_two_adds_of_one_key_conflict(two):
-    (tm_a, a), (tm_b, b) = two
-    a.add(5)
-    b.add(5)
+    getattr(a, change)(key)
+    getattr(b, change)(key)
     tm_a.commit()
     with pytest.raises(ConflictError):
         tm_b.commit()
@@ -167,3 +160,5 @@ def test_a_key_set_packs_its_keys_and_holds_nothing_else(tmp_path):
         db.close()
     with pytest.raises(TypeError):
         KeySet()[1] = "a value"
+    with pytest.raises(TypeError):
+        KeySet().set_many([(1, None), (2, "a value")])
