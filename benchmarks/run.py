@@ -45,6 +45,9 @@ from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import floors  # noqa: E402  (benchmarks/floors.py, beside this file)
 
 PAYLOAD = "x" * 70                 # with the "n" key: 105 bytes as a pickle
 
@@ -1643,6 +1646,83 @@ def fsync_probe(tmp_root, n=200):
             "fsyncs_per_s_at_p50": 1000 / percentile(times, 50)}
 
 
+def measure_floors(out, when, args, tmp_root, with_zeo):
+    """Bare ZODB commits (benchmarks/floors.py) into out["file_" + when] and, when the
+    run has (e) across processes through a server, out["zeo_" + when]."""
+    quick = args.quick
+    print(f"\nfloors {when.replace('_', ' ')}: bare one-object ZODB commits", flush=True)
+    try:
+        r = out["file_" + when] = floors.measure_file_floors(
+            tmp_root, commits=200 if quick else 1000, samples=60 if quick else 300)
+        print(f"  FileStorage: {fmt(r['tight_us'])} µs back to back, p50 "
+              f"{fmt(r['after_pause_p50_ms'])} ms after a 2-5 ms pause", flush=True)
+    except Exception as exc:   # noqa: BLE001
+        out["file_" + when] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"  FileStorage: ERROR {exc!r}", flush=True)
+    if not with_zeo:
+        return
+    directory = tempfile.mkdtemp(prefix="ackbench-floor-zeo-", dir=tmp_root)
+    server = None
+    try:
+        server = ZeoServer(directory)
+        r = out["zeo_" + when] = floors.zeo_commit_after_pause(
+            server.url, samples=40 if quick else 150)
+        print(f"  through the server: p50 {fmt(r['after_pause_p50_ms'])} ms after a "
+              "15-25 ms pause", flush=True)
+    except Exception as exc:   # noqa: BLE001
+        out["zeo_" + when] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"  through the server: ERROR {exc!r}", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def markdown_targets(report):
+    """Issue 5's targets: measured, and the bound the floors of this run put on each."""
+    fl = report.get("floors") or {}
+    lines = ["## Issue 5's targets, and the floor under each", "",
+             "Targets with durability equal to persist-queue's: ackqueue (fsync), and "
+             "ackqueue (zeo) across processes.  **Floor**: the bound that bare one-object "
+             "ZODB commits, measured in this run with no ackqueue code "
+             "(benchmarks/floors.py), put on the scenario (the most favourable of the "
+             "measurements at the start and at the end of the run).  Where the floor is "
+             "beyond the target, no change to ackqueue can meet it on this machine while "
+             "put and ack return only once committed durably.", ""]
+    lines.append("| target | needed | measured | met | floor | floor allows the target | "
+                 "how the floor is derived |")
+    lines.append("|---|---:|---:|---|---:|---|---|")
+    for r in floors.target_rows(report, REFERENCE):
+        met = {True: "yes", False: "**no**", None: "—"}[r["met"]]
+        if r["bound"] is None or r["needed"] is None:
+            allows = "—"
+        else:
+            ok = r["bound"] >= r["needed"] if r["higher_better"] else r["bound"] < r["needed"]
+            allows = "yes" if ok else "**no**"
+        lines.append(f"| {r['target']} | {fmt(r['needed'])} | {fmt(r['measured'])} | {met} | "
+                     f"{fmt(r['bound'])} | {allows} | {r['bound_says']} |")
+    lines.append("")
+    bits = []
+    for when in ("at_start", "at_end"):
+        f, z = fl.get("file_" + when) or {}, fl.get("zeo_" + when) or {}
+        if "tight_us" in f:
+            bits.append(f"{when.replace('_', ' ')}: FileStorage {fmt(f['tight_us'])} µs per "
+                        f"commit back to back, p50 {fmt(f['after_pause_p50_ms'])} ms after a "
+                        "2-5 ms pause" + (f"; through a server p50 "
+                                          f"{fmt(z['after_pause_p50_ms'])} ms after a "
+                                          "15-25 ms pause" if "after_pause_p50_ms" in z
+                                          else ""))
+        for name, r in (("FileStorage", f), ("server", z)):
+            if "error" in r:
+                bits.append(f"{when.replace('_', ' ')}: {name} floor not measured: "
+                            f"{r['error']}")
+    if bits:
+        lines.append("Bare commits measured " + "; ".join(bits) + ".  (f)'s targets are in "
+                     "its own section below.")
+        lines.append("")
+    return lines
+
+
 def fmt(v):
     if v is None:
         return "—"
@@ -1721,6 +1801,7 @@ def markdown(report):
                  "persist-queue in the same run (its value ÷ ours for times and latencies, "
                  "ours ÷ its for rates): above 1 is better than persist-queue.")
     lines.append("")
+    lines.extend(markdown_targets(report))
     lines.append("## Contenders and their durability")
     lines.append("")
     lines.append("| contender | durability |")
@@ -2186,6 +2267,9 @@ def main(argv=None):
     print(f"ackqueue benchmarks: {len(contenders)} contenders, scenarios {keys}, "
           f"repeat {args.repeat}, temp dir {tmp_root} "
           f"({report['machine']['temp_dir_filesystem']})", flush=True)
+    with_zeo = any(c.label == "ackqueue (zeo)" for c in shared) and "e_xproc" in keys
+    report["floors"] = {}
+    measure_floors(report["floors"], "at_start", args, tmp_root, with_zeo)
     table_keys = [k for k in keys if k in SCENARIOS]
     report["scenarios"].update(run_table_scenarios(table_keys, contenders, args, tmp_root))
     for key in keys:
@@ -2195,6 +2279,7 @@ def main(argv=None):
             report["scenarios"]["g"] = run_g(args, shared, tmp_root)
         elif key == "f":
             report["scenarios"]["f"] = run_scale(args, tmp_root)
+    measure_floors(report["floors"], "at_end", args, tmp_root, with_zeo)
     report["total_seconds"] = time.perf_counter() - started
     report["machine"]["loadavg_at_end"] = os.getloadavg()
     report["machine"]["ackqueue_git_at_end"] = git_state()

@@ -1,0 +1,161 @@
+"""Floors: what a bare ZODB commit costs on this machine, measured with no ackqueue code.
+
+Every durable ackqueue operation is a ZODB commit, so none can be faster than a bare commit
+of one small object on the same storage.  run.py measures these floors at the start and at
+the end of every run and, next to each of issue 5's targets, reports the bound a floor
+implies for it (``target_rows``):
+
+- (b) put, get, ack one at a time: the put and the ack each return only once committed
+  durably, one after the other, so a cycle takes at least two commits:
+  cycles/s <= 1 / (2 x a bare commit, back to back).
+- (c) 4 producer and 4 consumer threads, each waiting for its own durable operation: one
+  commit can carry at most 8 operations, that is 4 items (a put and an ack each), and the
+  storage makes one commit at a time: items/s <= 4 / a bare commit.  Generous, since a
+  commit of 8 operations writes more than one small object.
+- (e) in one process: a blocked getter may hold the item only once the put is committed,
+  so its p50 is at least a bare commit's p50 after the same pause (2-5 ms) the scenario
+  leaves before each put.
+- (e) across processes: the producer's put is committed through the server, then the
+  consumer commits its claim (two processes must not both take the message):
+  p50 >= 2 x a bare commit's p50 through the server after the scenario's 15-25 ms pause.
+
+Where the floor lies beyond the target, no ackqueue change can meet that target on this
+machine while keeping those durability rules and ZODB underneath.  (d) and (f) have no such
+floor here: they are reported as measured.
+"""
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+
+__all__ = ["measure_file_floors", "zeo_commit_after_pause", "target_rows"]
+
+E_PAUSE = (0.002, 0.005)        # scenario_e's pause before each put (seconds)
+E_XPROC_PAUSE = (0.015, 0.025)  # xwake_one's pause before each put (seconds)
+
+
+def _one_object_db(storage):
+    """A DB whose root holds one PersistentMapping: each commit rewrites that one object."""
+    import transaction
+    import ZODB
+    from persistent.mapping import PersistentMapping
+    db = ZODB.DB(storage)
+    tm = transaction.TransactionManager()
+    conn = db.open(transaction_manager=tm)
+    conn.root()["floor"] = PersistentMapping(n=0)
+    tm.commit()
+    return db, conn, tm
+
+
+def _commit_once(conn, tm, i):
+    conn.root()["floor"]["n"] = i
+    tm.commit()
+
+
+def _timed_after_pause(conn, tm, samples, pause, seed):
+    rng = random.Random(seed)
+    times = []
+    for i in range(samples):
+        time.sleep(rng.uniform(*pause))
+        t = time.perf_counter()
+        _commit_once(conn, tm, i)
+        times.append((time.perf_counter() - t) * 1000)
+    return times
+
+
+def measure_file_floors(tmp_root, commits=1000, blocks=5, samples=300, seed=5):
+    """Bare one-object commits on a FileStorage (every commit fsync'd) in tmp_root:
+    back to back (median of `blocks` blocks, µs per commit) and after scenario (e)'s
+    pause (p50 and p10, ms)."""
+    from ZODB.FileStorage import FileStorage
+    directory = tempfile.mkdtemp(prefix="ackbench-floor-", dir=tmp_root)
+    try:
+        db, conn, tm = _one_object_db(FileStorage(os.path.join(directory, "floor.fs")))
+        try:
+            per_block = []
+            for b in range(blocks):
+                k = commits // blocks
+                t = time.perf_counter()
+                for i in range(k):
+                    _commit_once(conn, tm, i)
+                per_block.append((time.perf_counter() - t) / k * 1e6)
+            paused = sorted(_timed_after_pause(conn, tm, samples, E_PAUSE, seed))
+        finally:
+            db.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return {"tight_us": statistics.median(per_block), "tight_blocks_us": per_block,
+            "after_pause_p50_ms": statistics.median(paused),
+            "after_pause_p10_ms": paused[len(paused) // 10],
+            "pause_s": list(E_PAUSE), "commits": commits, "samples": samples}
+
+
+def zeo_commit_after_pause(url, samples=150, seed=5):
+    """Bare one-object commits through the ZEO server at url (zeo://HOST:PORT), each after
+    scenario (e)-across-processes' pause: p50 and p10 (ms)."""
+    import ZEO
+    host, port = url[len("zeo://"):].rsplit(":", 1)
+    db, conn, tm = _one_object_db(ZEO.client((host, int(port)), wait_timeout=30))
+    try:
+        _timed_after_pause(conn, tm, 5, E_XPROC_PAUSE, seed)      # settle the connection
+        paused = sorted(_timed_after_pause(conn, tm, samples, E_XPROC_PAUSE, seed))
+    finally:
+        db.close()
+    return {"after_pause_p50_ms": statistics.median(paused),
+            "after_pause_p10_ms": paused[len(paused) // 10],
+            "pause_s": list(E_XPROC_PAUSE), "samples": samples}
+
+
+def _best(runs, key):
+    """The floor most favourable to ackqueue among the runs (start, end of the run)."""
+    values = [r[key] for r in runs if r and r.get(key) is not None]
+    return min(values) if values else None
+
+
+def _median(report, key, label, metric):
+    try:
+        return report["scenarios"][key]["results"][label]["median"][metric]
+    except (KeyError, TypeError):
+        return None
+
+
+def target_rows(report, reference="persist-queue", ours="ackqueue (fsync)",
+                shared="ackqueue (zeo)"):
+    """Issue 5's targets with durability equal to persist-queue's: one dict per target,
+    {target, needed, measured, met, bound, bound_says, higher_better}.  bound is None where
+    no floor applies; bound_says explains how it was derived."""
+    floors = report.get("floors") or {}
+    files = [floors.get("file_at_start"), floors.get("file_at_end")]
+    zeos = [floors.get("zeo_at_start"), floors.get("zeo_at_end")]
+    tight_us = _best(files, "tight_us")
+    paused_ms = _best(files, "after_pause_p50_ms")
+    zeo_ms = _best(zeos, "after_pause_p50_ms")
+    rows = []
+
+    def row(target, needed, measured, higher_better, bound=None, says="—"):
+        met = None if needed is None or measured is None else (
+            measured >= needed if higher_better else measured < needed)
+        rows.append({"target": target, "needed": needed, "measured": measured, "met": met,
+                     "bound": bound, "bound_says": says, "higher_better": higher_better})
+
+    pq_b = _median(report, "b", reference, "cycle_rate")
+    row("(b) cycles/s ≥ 2× persist-queue", None if pq_b is None else 2 * pq_b,
+        _median(report, "b", ours, "cycle_rate"), True,
+        None if tight_us is None else 1e6 / (2 * tight_us),
+        "1 / (2 bare commits back to back)")
+    pq_c = _median(report, "c", reference, "throughput")
+    row("(c) items/s ≥ 10× persist-queue", None if pq_c is None else 10 * pq_c,
+        _median(report, "c", ours, "throughput"), True,
+        None if tight_us is None else 4e6 / tight_us,
+        "4 items per commit / a bare commit back to back")
+    row("(d) full cycle items/s ≥ 20,000", 20000.0,
+        _median(report, "d", ours, "cycle_rate"), True)
+    row("(e) in one process: p50 < 1 ms", 1.0, _median(report, "e", ours, "p50_ms"), False,
+        paused_ms, "a bare commit's p50 after a 2-5 ms pause")
+    row("(e) across processes: p50 < 10 ms", 10.0,
+        _median(report, "e_xproc", shared, "p50_ms"), False,
+        None if zeo_ms is None else 2 * zeo_ms,
+        "2 bare commits through the server, p50 after a 15-25 ms pause")
+    return rows
