@@ -1960,7 +1960,7 @@ def markdown_g(sc):
     for var in sc["variants"].values():
         for label, entry in var["results"].items():
             t = summary.setdefault(label, {"runs": 0, "items": 0, "dup": 0, "lost": 0,
-                                           "lost_runs": 0, "failed": 0})
+                                           "lost_runs": 0, "failed": 0, "left": 0})
             for r in entry["runs"]:
                 t["runs"] += 1
                 t["failed"] += "error" in r
@@ -1969,13 +1969,17 @@ def markdown_g(sc):
                     t["dup"] += r["duplicates"]
                     t["lost"] += r["not_delivered"]
                     t["lost_runs"] += r["not_delivered"] > 0
+                    t["left"] += min(r["not_delivered"], r.get("left_in_queue") or 0)
     lines.append("Delivery over all runs of (g) (every run, failed ones included):")
     lines.append("")
     for label, t in summary.items():
         lines.append(f"- {label}: {t['runs']} run(s); {t['items']:,} items put (put() "
                      f"returned) in the runs that were counted; {t['dup']:,} duplicate "
-                     f"deliveries; {t['lost']:,} of those items never delivered (in "
-                     f"{t['lost_runs']} run(s)); {t['failed']} run(s) with an error.")
+                     f"deliveries; {t['lost']:,} of those items not delivered to the "
+                     f"consumers before they stopped (in {t['lost_runs']} run(s))"
+                     + (f", {t['left']:,} of which a fresh process received afterwards "
+                        "(still queued, not lost)" if t["left"] else "")
+                     + f"; {t['failed']} run(s) with an error.")
     lines.append("")
     for var in sc["variants"].values():
         lines.append(f"### {var['title']}")
@@ -2026,8 +2030,15 @@ def markdown_g(sc):
             bits = []
             lost = [r["not_delivered"] for r in counted]
             if any(lost):
-                bits.append("**items whose put() returned were never delivered**, per run: "
-                            f"{lost} (its items/s counts delivered items only)")
+                left = [r.get("left_in_queue") or 0 for r in counted]
+                if all(x <= y for x, y in zip(lost, left)):
+                    bits.append("items whose put() returned that the consumers did not get "
+                                f"before they stopped, per run: {lost}; a fresh process "
+                                f"received {left} afterwards (its items/s counts delivered "
+                                "items only)")
+                else:
+                    bits.append("**items whose put() returned were never delivered**, per "
+                                f"run: {lost} (its items/s counts delivered items only)")
             k = [r["consumers"] for r in counted if "consumers" in r]
             if k:
                 by = {}
