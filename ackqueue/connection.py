@@ -28,7 +28,7 @@ from . import store
 from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, StaleAck,
                      UnpicklableItem)
 from .message import Message, MessageId
-from .state import DEFAULT_PUT, Meta, check_timeout
+from .state import DEFAULT_PUT, MessageMissing, Meta, check_timeout
 
 log = logging.getLogger(__name__)
 
@@ -456,8 +456,17 @@ class QueueConnection:
         self._tm.begin()
         try:
             rec = self._zconn.root()[store.ROOT_KEY].queues[self._state.name]
-            m = rec.messages[seq]
-            return Meta.from_msg(m, rec.body_of(seq, m))
+            m = rec.messages.get(seq)
+            try:
+                body = None if m is None else rec.body_of(seq, m)
+            except KeyError:          # its Body record is gone (POSKeyError is a KeyError)
+                body = None
+            if body is None:
+                raise MessageMissing(
+                    f"message {seq} of queue {self._state.name!r} cannot be delivered: its "
+                    f"{'record' if m is None else 'body'} is missing from the store (changed "
+                    "outside ackqueue, or damaged)")
+            return Meta.from_msg(m, body)
         finally:
             self._tm.abort()
 

@@ -392,7 +392,9 @@ class AckQueue(_stdlib_queue.Queue):
 
     def stats(self):
         """counts() and the queue's lifetime totals: put, acked, redelivered, given_back,
-        dead_lettered (moved or dropped), dropped, expired, purged, moved_in, redriven."""
+        dead_lettered (moved or dropped), dropped, expired, purged, moved_in, redriven, and
+        missing (taken out because their record or body was gone from the store: a file
+        changed outside ackqueue, or damaged)."""
         result = self.counts()
         result.update(self._state.totals())
         return result

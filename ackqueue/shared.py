@@ -322,8 +322,12 @@ class SharedQueueState(QueueState):
         if self.kind != store.VALUE:
             for skey in rec.ready:
                 seq = store.seq_of_key(self.kind, skey)
-                if seq not in self._claiming:
-                    yield seq, skey
+                if seq in self._claiming:
+                    continue
+                if seq not in rec.messages:
+                    self._drop_missing(seq, skey)
+                    continue
+                yield seq, skey
             return
         # Priority by item value: the store keeps seqs; the order by value is kept here,
         # learning new messages as they appear (seqs only grow) and forgetting gone ones.
@@ -341,6 +345,14 @@ class SharedQueueState(QueueState):
                 self._gone.add(seq)
             elif seq in rec.ready and seq not in self._claiming:
                 yield seq, seq
+
+    def _drop_missing(self, seq, skey):
+        """The ready set names a message whose record is gone: it can never be delivered,
+        so its entry goes (the gets here wait for that, as for a give-back)."""
+        log.error("ackqueue: message %d of queue %r cannot be delivered: its record is "
+                  "missing from the store (changed outside ackqueue, or damaged); it was "
+                  "taken out of the queue (counted in stats() as missing)", seq, self.name)
+        self._return([store.DropMissing(self.name, seq, skey)])
 
     # -- ack and give back ----------------------------------------------------------------
 

@@ -54,6 +54,10 @@ BODY_CACHE_BYTES = 64 << 20    # bodies of freshly put messages kept in memory f
 BODY_CACHE_ITEMS = 200_000
 
 
+class MessageMissing(Exception):
+    """A ready message's record or body is not in the store (raised by a load_meta)."""
+
+
 class Meta:
     """What this process knows of a message: its pickled body, delivery history, when it
     expires, its attributes, and where it came from (see ackqueue.segments.Msg)."""
@@ -537,13 +541,17 @@ class QueueState:
     def _take_next(self, holder, visibility_timeout, load_meta, record, shuffle, policy,
                    moves):
         """Deliver the next ready message to holder (call with the mutex, with a message
-        ready); None if it was taken out instead (expired, or dead-lettered)."""
+        ready); None if it was taken out instead (expired, dead-lettered, or missing from
+        the store)."""
         key = self.ready.pop_random() if shuffle else self.ready.pop()
         seq = self.seq_of(key)
         meta = self._uncache(seq)
         if meta is None:
             try:
                 meta = load_meta(seq)
+            except MessageMissing as exc:
+                self._drop_missing(seq, key, exc)
+                return None
             except BaseException:
                 self.ready.push(key)
                 raise
@@ -557,6 +565,15 @@ class QueueState:
             moves.append(self._dead_letter(seq, key, meta, policy, now))
             return None
         return self._deliver(seq, key, meta, holder, now, visibility_timeout, record, policy)
+
+    def _drop_missing(self, seq, key, exc):
+        """Nothing can ever deliver a message whose record or body is gone: its entry goes
+        (call with the mutex, key already out of the ready set), so that the messages behind
+        it are delivered instead of every get that reaches it failing."""
+        log.error("ackqueue: %s; it was taken out of queue %r (counted in stats() as "
+                  "missing)", exc, self.name)
+        self.committer.submit([store.DropMissing(self.name, seq, key)])
+        self._left()
 
     def _uncache(self, seq):
         """Take message seq's Meta out of the body cache (None if it is not there),
@@ -656,7 +673,12 @@ class QueueState:
             while len(self.ready):
                 key = self.ready.peek()
                 seq = self.seq_of(key)
-                meta = self.meta.get(seq) or load_meta(seq)
+                try:
+                    meta = self.meta.get(seq) or load_meta(seq)
+                except MessageMissing as exc:
+                    self.ready.pop()
+                    self._drop_missing(seq, key, exc)
+                    continue
                 now = self.clock()
                 if not meta.expired(now):
                     return seq, meta
@@ -711,7 +733,12 @@ class QueueState:
             moves, taken = [], []
             for key in list(self.ready):
                 seq = self.seq_of(key)
-                meta = self.meta.get(seq) or load_meta(seq)
+                try:
+                    meta = self.meta.get(seq) or load_meta(seq)
+                except MessageMissing as exc:
+                    self.ready.discard(key)
+                    self._drop_missing(seq, key, exc)
+                    continue
                 name = to or meta.source
                 if name is None or name not in targets:
                     continue

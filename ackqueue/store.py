@@ -123,7 +123,7 @@ class Counters(Persistent):
 
     FIELDS = ("ready", "inflight", "delayed", "put", "acked", "redelivered",
               "given_back", "recovered", "expired", "dead_lettered", "dropped", "purged",
-              "moved_in", "redriven")
+              "moved_in", "redriven", "missing")
     TOTALS = FIELDS[3:]         # lifetime totals (the first three are current sizes)
 
     def __init__(self):
@@ -953,6 +953,30 @@ class Expire(_Op):
             return
         rec.take_out(self.seq)
         rec.counts.add(expired=1)
+
+
+class DropMissing(_Op):
+    """A message the ready set names but whose record or body is missing from the store
+    (the file was changed outside ackqueue, or damaged) can never be delivered: its entry
+    and what is left of it go, counted as missing.  Nothing happens if it is there after
+    all."""
+
+    __slots__ = ("name", "seq", "key")
+
+    def __init__(self, name, seq, key):
+        self.name, self.seq, self.key = name, seq, key
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        msg = rec.messages.get(self.seq)
+        if msg is not None and (msg.body is not None or (
+                rec.bodies is not None and self.seq in rec.bodies)):
+            return
+        if rec.detach(self.seq, self.key) is None:
+            return                        # not indexed (anymore): nothing to drop
+        if msg is not None:
+            del rec.messages[self.seq]
+        rec.counts.add(missing=1)
 
 
 class Purge(_Op):

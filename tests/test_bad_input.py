@@ -205,28 +205,113 @@ def test_get_many_sets_an_unreadable_item_aside_and_returns_the_rest(make):
     assert q.unfinished_tasks == 1
 
 
-def test_get_many_returns_its_batch_when_a_later_message_cannot_be_read(tmp_path):
-    """A message whose record is missing from the store (here removed behind the queue's
-    back) cannot be read: a batch that reaches it returns what it already took, instead of
-    raising and leaving those messages in flight with nobody holding them."""
+def _damage(path, change, name="default"):
+    """Change queue name's record in the file at path behind the queue's back."""
     import ZODB
     from ZODB.FileStorage import FileStorage
 
     from ackqueue import store
+    db = ZODB.DB(FileStorage(path))
+    try:
+        with db.transaction() as conn:
+            change(conn.root()[store.ROOT_KEY].queues[name])
+    finally:
+        db.close()
+
+
+def test_get_many_returns_its_batch_when_a_later_message_cannot_be_read(tmp_path):
+    """A message whose stored record is damaged (here a tuple too short to be one) cannot
+    be read: a batch that reaches it returns what it already took, instead of raising and
+    leaving those messages in flight with nobody holding them."""
     path = str(tmp_path / "q.fs")
     with AckQueue(path=path) as q:
         q.put_many(["a", "b", "c"])
-    db = ZODB.DB(FileStorage(path))
-    with db.transaction() as conn:
-        del conn.root()[store.ROOT_KEY].queues["default"].messages[2]   # "b"
-    db.close()
+
+    def garble(rec):
+        rec.messages[2] = ("not a message",)
+    _damage(path, garble)
     with AckQueue(path=path) as q:
         got = q.get_many(3)
         assert got == ["a"]
         q.ack_many(got)
-        with pytest.raises(KeyError):           # the unreadable one is still at the head
+        with pytest.raises(TypeError):          # the unreadable one is still at the head
             q.get_nowait()
         assert q.qsize() == 2
+
+
+@pytest.mark.parametrize("what", ["record", "body"])
+def test_a_message_missing_from_the_store_is_taken_out_and_the_queue_goes_on(
+        tmp_path, caplog, what):
+    """A message the ready set names but whose record (or, for a large item, whose body)
+    is gone from the store can never be delivered: the get that reaches it logs an error,
+    takes it out (stats()["missing"]) and delivers the next message, for good."""
+    path = str(tmp_path / "q.fs")
+    big = "b" * 10000                            # stored in a Body record of its own
+    with AckQueue(path=path) as q:
+        q.put_many(["a", big, "c", "d"])
+
+    def remove(rec):
+        if what == "record":
+            del rec.messages[2]
+        else:
+            del rec.bodies[2]
+    _damage(path, remove)
+    with AckQueue(path=path) as q:
+        assert q.qsize() == 4                    # nothing noticed before a get reaches it
+        assert q.get_many(2) == ["a", "c"]       # a batch steps over it
+        assert "message 2 of queue 'default' cannot be delivered" in caplog.text
+        assert f"its {what} is missing" in caplog.text
+        assert q.get() == "d"
+        q.task_done(), q.task_done(), q.task_done()
+        assert q.qsize() == 0 and q.unfinished_tasks == 0
+        assert q.stats()["missing"] == 1
+    with AckQueue(path=path) as q:               # taken out durably
+        assert q.qsize() == 0
+        assert q.stats()["missing"] == 1
+        with pytest.raises(Empty):
+            q.get_nowait()
+
+
+def test_peek_and_get_step_over_a_missing_message(tmp_path):
+    path = str(tmp_path / "q.fs")
+    with AckQueue(path=path) as q:
+        q.put_many(["a", "b"])
+    _damage(path, lambda rec: rec.messages.__delitem__(1))
+    with AckQueue(path=path) as q:
+        assert q.peek().body == "b"
+        assert q.stats()["missing"] == 1
+        assert q.get() == "b"
+
+
+def test_a_shared_queue_steps_over_a_missing_message(tmp_path):
+    """Through a server: a process that finds a ready message without its record takes the
+    entry out (durably, for every process) and delivers the next one."""
+    import ZEO
+
+    from ackqueue import store
+    server = Server(tmp_path / "shared.fs", tmp_path / "server.log")
+    try:
+        with AckQueue(path=server.url) as q:
+            q.put_many(["a", "b", "c"])
+            db = ZEO.DB(("127.0.0.1", server.port))
+            try:
+                with db.transaction() as conn:
+                    rec = conn.root()[store.ROOT_KEY].queues["default"]
+                    seq = next(s for s in rec.messages.keys()
+                               if pickle.loads(rec.messages[s].body) == "b")
+                    del rec.messages[seq]
+            finally:
+                db.close()
+            assert q.get(timeout=10) == "a"
+            assert q.get(timeout=10) == "c"
+            q.task_done(), q.task_done()
+            assert q.stats()["missing"] == 1
+            with pytest.raises(Empty):
+                q.get(timeout=0.2)
+        with AckQueue(path=server.url) as q:
+            assert q.qsize() == 0
+    finally:
+        server.stop()
 
 
 # -- items over the queue's max_item_size -------------------------------------------------
