@@ -667,7 +667,8 @@ class QueueState:
 
     def peek(self, load_meta):
         """(seq, Meta) of the message the next get would receive, or None; no side effect
-        (beyond taking out messages found past their retention)."""
+        (beyond taking out messages found past their retention, or missing from the
+        store)."""
         with self.mutex:
             self._expire()
             while len(self.ready):

@@ -1969,7 +1969,7 @@ def markdown_g(sc):
                     t["dup"] += r["duplicates"]
                     t["lost"] += r["not_delivered"]
                     t["lost_runs"] += r["not_delivered"] > 0
-                    t["left"] += min(r["not_delivered"], r.get("left_in_queue") or 0)
+                    t["left"] += r.get("left_in_queue") or 0
     lines.append("Delivery over all runs of (g) (every run, failed ones included):")
     lines.append("")
     for label, t in summary.items():
@@ -1977,8 +1977,8 @@ def markdown_g(sc):
                      f"returned) in the runs that were counted; {t['dup']:,} duplicate "
                      f"deliveries; {t['lost']:,} of those items not delivered to the "
                      f"consumers before they stopped (in {t['lost_runs']} run(s))"
-                     + (f", {t['left']:,} of which a fresh process received afterwards "
-                        "(still queued, not lost)" if t["left"] else "")
+                     + (f", and a fresh process then received {t['left']:,} item(s) "
+                        "still in the queue" if t["left"] else "")
                      + f"; {t['failed']} run(s) with an error.")
     lines.append("")
     for var in sc["variants"].values():
