@@ -165,14 +165,13 @@ class SharedQueueState(QueueState):
             if front.is_shutdown and front.shutdown_immediate:
                 return []
             rec = self._record()
-            among = []
-            for seq, skey in self._candidates(rec):
-                among.append((seq, skey))
-                if len(among) >= (SHUFFLE_AMONG if shuffle else count):
+            picks = []
+            for candidate in self._candidates(rec):
+                picks.append(candidate)
+                if len(picks) >= (SHUFFLE_AMONG if shuffle else count):
                     break
-            if shuffle and len(among) > count:
-                among = random.sample(among, count)
-            picks = [(seq, skey, rec.messages[seq]) for seq, skey in among]
+            if shuffle and len(picks) > count:
+                picks = random.sample(picks, count)
             self._claiming.update(seq for seq, _, _ in picks)
         now = self.clock()
         deadline = None if visibility_timeout is None else now + visibility_timeout
@@ -306,28 +305,26 @@ class SharedQueueState(QueueState):
         rec = self._record()
         spread = SHUFFLE_AMONG if shuffle else self._spread
         choice = random.randrange(spread) if spread > 1 else 0
-        first = None
-        for n, (seq, skey) in enumerate(self._candidates(rec)):
-            if first is None:
-                first = (seq, skey)
+        chosen = None
+        for n, candidate in enumerate(self._candidates(rec)):
+            chosen = candidate
             if n >= choice:
-                first = (seq, skey)
                 break
-        if first is None:
-            return None
-        return first + (rec.messages[first[0]],)
+        return chosen
 
     def _candidates(self, rec):
-        """Ready messages in delivery order, skipping those this process is claiming."""
+        """(seq, store key, Msg) of the ready messages in delivery order, skipping those
+        this process is claiming (and taking out those whose record is gone)."""
         if self.kind != store.VALUE:
             for skey in rec.ready:
                 seq = store.seq_of_key(self.kind, skey)
                 if seq in self._claiming:
                     continue
-                if seq not in rec.messages:
+                msg = rec.messages.get(seq)
+                if msg is None:
                     self._drop_missing(seq, skey)
                     continue
-                yield seq, skey
+                yield seq, skey, msg
             return
         # Priority by item value: the store keeps seqs; the order by value is kept here,
         # learning new messages as they appear (seqs only grow) and forgetting gone ones.
@@ -341,10 +338,11 @@ class SharedQueueState(QueueState):
             self._known_seq = seq
         for key in list(self._by_value):
             seq = key[-1]
-            if seq not in rec.messages:
+            msg = rec.messages.get(seq)
+            if msg is None:
                 self._gone.add(seq)
             elif seq in rec.ready and seq not in self._claiming:
-                yield seq, seq
+                yield seq, seq, msg
 
     def _drop_missing(self, seq, skey):
         """The ready set names a message whose record is gone: it can never be delivered,
@@ -430,8 +428,7 @@ class SharedQueueState(QueueState):
         with self.mutex:
             rec = self._record()
             now = self.clock()
-            for seq, _skey in self._candidates(rec):
-                msg = rec.messages[seq]
+            for seq, _skey, msg in self._candidates(rec):
                 if msg.expires_at is None or msg.expires_at > now:
                     return seq, Meta.from_msg(msg, rec.body_of(seq, msg))
             return None

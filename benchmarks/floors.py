@@ -74,9 +74,8 @@ def measure_file_floors(tmp_root, commits=1000, blocks=5, samples=300, seed=5):
     try:
         db, conn, tm = _one_object_db(FileStorage(os.path.join(directory, "floor.fs")))
         try:
-            per_block = []
-            for b in range(blocks):
-                k = commits // blocks
+            per_block, k = [], commits // blocks
+            for _ in range(blocks):
                 t = time.perf_counter()
                 for i in range(k):
                     _commit_once(conn, tm, i)
