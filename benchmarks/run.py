@@ -1207,27 +1207,44 @@ def shared_child_main(task, family, location, mode, count, start, log_path=None)
             with open(log_path, "w") as log:
                 sys.stdin.readline()                   # "go"
                 got, last_ack, timed_out, error, tb = 0, None, False, None, None
+                after_stop = None    # items received after this consumer's stop marker
                 try:
                     while True:
-                        h = ad.get(G_GET_TIMEOUT)
+                        # A queue shared by processes need not deliver in strict FIFO
+                        # order under contention (ackqueue spreads its choices after a
+                        # lost claim race), so a stop marker can come before the last
+                        # items.  Every item was put before the markers, so after its
+                        # marker a consumer takes what is still ready, waiting at most
+                        # G_AFTER_STOP for each, and stops when nothing comes.
+                        h = ad.get(G_GET_TIMEOUT if after_stop is None else G_AFTER_STOP)
                         if h is None:        # reported with what it got, never hidden
-                            timed_out = True
+                            timed_out = after_stop is None
                             break
                         it = ad.item(h)
-                        ad.ack(h)
                         if it.get("stop"):
-                            break
+                            if after_stop is not None:
+                                # another consumer's marker: a fresh one takes its place,
+                                # behind whatever is still queued, and this one stops
+                                ad.put({"stop": True})
+                                ad.ack(h)
+                                break
+                            ad.ack(h)
+                            after_stop = 0
+                            continue
+                        ad.ack(h)
                         last_ack = time.time()
                         log.write(f"{it['n']} {last_ack!r}\n")
                         log.flush()
                         got += 1
+                        if after_stop is not None:
+                            after_stop += 1
                 except Exception as exc:   # noqa: BLE001 - reported with what it got
                     error, tb = f"{type(exc).__name__}: {exc}", traceback.format_exc()
             say(event="done", got=got, last_ack=last_ack, timed_out=timed_out, error=error,
-                traceback=tb, diag=ad.diagnostics())
+                traceback=tb, diag=ad.diagnostics(), after_stop=after_stop or 0)
         elif task == "gdrain":
             # After a (g) run: whatever a get() still receives, and what qsize() says.
-            left, stops = 0, 0
+            left, stops = [], 0
             while True:
                 h = ad.get(0.5)
                 if h is None:
@@ -1237,8 +1254,8 @@ def shared_child_main(task, family, location, mode, count, start, log_path=None)
                 if it.get("stop"):
                     stops += 1
                 else:
-                    left += 1
-            say(event="done", left=left, stops=stops,
+                    left.append(it["n"])
+            say(event="done", left=len(left), left_ids=left, stops=stops,
                 qsize=ad.qsize() if hasattr(ad, "qsize") else None)
         else:
             say(event="error", error=f"unknown task {task!r}")
@@ -1256,6 +1273,8 @@ G_GET_TIMEOUT = 30.0         # a (g) consumer that gets nothing for this long st
                              # reports it (items keep coming until the stop markers)
 G_LIMIT = 600.0              # failure bound of the producers of one (g) run
 G_IDLE = G_GET_TIMEOUT + 30  # a consumer silent for longer than this is hung
+G_AFTER_STOP = 1.0           # after its stop marker, a consumer stops once a get() has
+                             # waited this long for nothing
 
 
 class SharedRun:
@@ -1347,7 +1366,10 @@ def xwake_one(sc, samples, tmp_root, seed):
 def g_one(sc, producers, consumers, total, tmp_root):
     """(g): producer and consumer processes on one shared queue, one ack per item.  Each
     producer puts its share one at a time; consumers get and ack until they receive a stop
-    marker, which this process puts (one per consumer) once every producer has finished.
+    marker, which this process puts (one per consumer) once every producer has finished,
+    then take what is still ready (a shared queue may hand a marker out ahead of the last
+    items) until a get() waits 1 s for nothing; a second marker is put back for another
+    consumer.
     items/s = distinct items acknowledged / (last ack of an item - the moment "go" was
     sent), both time.time().  Then a fresh process drains the queue and reads qsize()."""
     run = None
@@ -1419,6 +1441,8 @@ def g_one(sc, producers, consumers, total, tmp_root):
         out["per_consumer"] = [sum(1 for _ in open(f)) if os.path.exists(f) else 0
                                for f in logs]
         out["consumers_timed_out"] = sum(bool(r.get("timed_out")) for r in cons_reps)
+        out["received_after_stop"] = sum(r.get("after_stop") or 0 for r in cons_reps)
+        out["not_delivered_ids"] = sorted(expected - unique)[:20]
         diags = [r.get("diag") for r in cons_reps]
         if diags and all(d and "commits" in d for d in diags):
             commits = sum(d["commits"] for d in diags)
@@ -1445,6 +1469,7 @@ def g_one(sc, producers, consumers, total, tmp_root):
                 drain.expect("ready", 120)
                 rep = drain.expect("done", G_IDLE)
                 out["left_in_queue"] = rep["left"]
+                out["left_ids"] = rep.get("left_ids")
                 out["stop_markers_left"] = rep["stops"]
                 if rep.get("qsize") is not None:
                     out["qsize_after_drain"] = rep["qsize"]
@@ -2062,10 +2087,17 @@ def markdown_g(sc):
             if counted:
                 bits.append("items per consumer: " + "; ".join(
                     "/".join(str(n) for n in r["per_consumer"]) for r in counted))
+                late = [r.get("received_after_stop") or 0 for r in counted]
+                if any(late):
+                    bits.append("items the consumers received after taking a stop marker "
+                                f"(the marker was handed out ahead of them), per run: {late}")
                 left = [r.get("left_in_queue") for r in counted]
                 if any(left):
                     bits.append("items a fresh process still received after the consumers "
-                                f"stopped, per run: {left}")
+                                f"stopped, per run: {left} (item numbers "
+                                f"{[r.get('left_ids') for r in counted]}; the consumers "
+                                "did not receive "
+                                f"{[r.get('not_delivered_ids') for r in counted]})")
                 stuck = [r.get("qsize_after_drain") for r in counted]
                 if any(stuck):
                     bits.append("qsize() after that (messages the queue counts but no get() "
