@@ -12,7 +12,8 @@ the threads waiting.
           is handed out.  Two processes that choose the same message conflict; the loser's
           claim is retried by the committer, refused (ClaimLost), and it chooses again.
           After a lost race a process spreads its choices over the first few ready
-          messages, so that consumers do not keep colliding at the head of the queue;
+          messages, so that consumers do not keep colliding at the head of the queue, and
+          narrows them back one message per SPREAD_DECAY claims won in a row;
           uncontended, it takes the head (FIFO).
 - ack, give-back: Ack and Release name the receive count of their delivery, and the store
           refuses them (StaleAck) unless it is still the live one: a process that was paused
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 SCAN_INTERVAL = 1.0         # how often the store is scanned for others' expired deliveries
 WAIT_RECHECK = 1.0          # a waiting get looks at the store at least this often
 SPREAD_MAX = 32             # how many ready messages a contended claim may choose among
+SPREAD_DECAY = 8            # claims won in a row that narrow the choice by one message
 NONBLOCKING_TRIES = 16      # lost races after which get(block=False) gives up (Empty)
 SHUFFLE_AMONG = 1000        # get(shuffle=True) chooses among this many ready messages
 
@@ -57,6 +59,7 @@ class SharedQueueState(QueueState):
     def __init__(self, database, name, kind, clock=time.time):
         self._claiming = set()      # seqs whose Claim this process is committing
         self._spread = 1            # choose among this many ready messages (grows on lost races)
+        self._won_in_row = 0        # claims won since the last lost race or narrowing
         self.claims_lost = 0        # races lost to other processes (for benchmarks and tests)
         self._by_value = []         # AckPriorityQueue: known live messages, in value order
         self._known_seq = 0
@@ -246,6 +249,7 @@ class SharedQueueState(QueueState):
                     self.claims_lost += 1
                     lost += 1
                     self._spread = min(self._spread * 2, SPREAD_MAX)
+                    self._won_in_row = 0
                 # Lost races count against the caller's timeout like waiting does.
                 if (endtime is not None and monotonic() >= endtime) or (
                         not block and lost >= NONBLOCKING_TRIES):
@@ -257,7 +261,14 @@ class SharedQueueState(QueueState):
                 raise
             with self.mutex:
                 self._claiming.discard(seq)
-                self._spread = max(1, self._spread - 1)
+                # Narrow back to the head slowly: consumers that raced once keep racing
+                # while they stay busy, and narrowing after every win put them back at
+                # the head together (2 consumer processes lost a claim for about every
+                # fourth item they got; narrowing once per SPREAD_DECAY wins: one in 25).
+                self._won_in_row += 1
+                if self._spread > 1 and self._won_in_row >= SPREAD_DECAY:
+                    self._spread -= 1
+                    self._won_in_row = 0
                 return self._held(seq, skey, holder, deadline, op)
 
     def _wait_for_candidate(self, front, block, endtime, shuffle=False):
