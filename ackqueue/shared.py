@@ -333,7 +333,10 @@ class SharedQueueState(QueueState):
                     continue
                 msg = rec.messages.get(seq)
                 if msg is None:
-                    self._drop_missing(seq, skey)
+                    self._drop_missing(seq, skey, "record")
+                    continue
+                if msg.body is None and (rec.bodies is None or seq not in rec.bodies):
+                    self._drop_missing(seq, skey, "body")    # a large item's Body record
                     continue
                 yield seq, skey, msg
             return
@@ -355,12 +358,14 @@ class SharedQueueState(QueueState):
             elif seq in rec.ready and seq not in self._claiming:
                 yield seq, seq, msg
 
-    def _drop_missing(self, seq, skey):
-        """The ready set names a message whose record is gone: it can never be delivered,
-        so its entry goes (the gets here wait for that, as for a give-back)."""
-        log.error("ackqueue: message %d of queue %r cannot be delivered: its record is "
+    def _drop_missing(self, seq, skey, what):
+        """The ready set names a message whose record (or large item's body) is gone: it
+        can never be delivered, so its entry goes (the gets here wait for that, as for a
+        give-back)."""
+        log.error("ackqueue: message %d of queue %r cannot be delivered: its %s is "
                   "missing from the store (changed outside ackqueue, or damaged); it was "
-                  "taken out of the queue (counted in stats() as missing)", seq, self.name)
+                  "taken out of the queue (counted in stats() as missing)", seq, self.name,
+                  what)
         self._return([store.DropMissing(self.name, seq, skey)])
 
     # -- ack and give back ----------------------------------------------------------------

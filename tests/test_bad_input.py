@@ -283,28 +283,35 @@ def test_peek_and_get_step_over_a_missing_message(tmp_path):
         assert q.get() == "b"
 
 
-def test_a_shared_queue_steps_over_a_missing_message(tmp_path):
-    """Through a server: a process that finds a ready message without its record takes the
-    entry out (durably, for every process) and delivers the next one."""
+@pytest.mark.parametrize("what", ["record", "body"])
+def test_a_shared_queue_steps_over_a_missing_message(tmp_path, caplog, what):
+    """Through a server: a process that finds a ready message without its record (or, for
+    a large item, without its body) takes the entry out (durably, for every process) and
+    delivers the next one."""
     import ZEO
 
     from ackqueue import store
+    big = "b" * 10000                            # stored in a Body record of its own
     server = Server(tmp_path / "shared.fs", tmp_path / "server.log")
     try:
         with AckQueue(path=server.url) as q:
-            q.put_many(["a", "b", "c"])
+            q.put_many(["a", big, "c"])
             db = ZEO.DB(("127.0.0.1", server.port))
             try:
                 with db.transaction() as conn:
                     rec = conn.root()[store.ROOT_KEY].queues["default"]
                     seq = next(s for s in rec.messages.keys()
-                               if pickle.loads(rec.messages[s].body) == "b")
-                    del rec.messages[seq]
+                               if pickle.loads(rec.body_of(s, rec.messages[s])) == big)
+                    if what == "record":
+                        del rec.messages[seq]
+                    else:
+                        del rec.bodies[seq]
             finally:
                 db.close()
             assert q.get(timeout=10) == "a"
             assert q.get(timeout=10) == "c"
             q.task_done(), q.task_done()
+            assert f"its {what} is missing" in caplog.text
             assert q.stats()["missing"] == 1
             with pytest.raises(Empty):
                 q.get(timeout=0.2)
