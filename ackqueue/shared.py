@@ -335,7 +335,7 @@ class SharedQueueState(QueueState):
                 if msg is None:
                     self._drop_missing(seq, skey, "record")
                     continue
-                if msg.body is None and (rec.bodies is None or seq not in rec.bodies):
+                if not rec.has_body(seq, msg):
                     self._drop_missing(seq, skey, "body")    # a large item's Body record
                     continue
                 yield seq, skey, msg

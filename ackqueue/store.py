@@ -246,6 +246,11 @@ class QueueRecord(Persistent):
         """The pickled item of message seq (msg: its Msg)."""
         return msg.body if msg.body is not None else self.bodies[seq].data
 
+    def has_body(self, seq, msg):
+        """Whether body_of(seq, msg) can be read: False when a large item's Body record is
+        gone (the file was changed outside ackqueue, or damaged)."""
+        return msg.body is not None or (self.bodies is not None and seq in self.bodies)
+
     def add_message(self, seq, body, priority, sent_at, **fields):
         """Store message seq; fields are further Msg fields (expires_at, attributes, ...),
         None for a field being its default."""
@@ -969,8 +974,7 @@ class DropMissing(_Op):
     def apply(self, root):
         rec = _queue(root, self.name)
         msg = rec.messages.get(self.seq)
-        if msg is not None and (msg.body is not None or (
-                rec.bodies is not None and self.seq in rec.bodies)):
+        if msg is not None and rec.has_body(self.seq, msg):
             return
         if rec.detach(self.seq, self.key) is None:
             return                        # not indexed (anymore): nothing to drop
