@@ -325,7 +325,8 @@ class SharedQueueState(QueueState):
 
     def _candidates(self, rec):
         """(seq, store key, Msg) of the ready messages in delivery order, skipping those
-        this process is claiming (and taking out those whose record is gone)."""
+        this process is claiming (and taking out those whose record, or large item's Body
+        record, is gone)."""
         if self.kind != store.VALUE:
             for skey in rec.ready:
                 seq = store.seq_of_key(self.kind, skey)
