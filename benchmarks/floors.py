@@ -121,10 +121,12 @@ def _median(report, key, label, metric):
 
 
 def target_rows(report, reference="persist-queue", ours="ackqueue (fsync)",
-                shared="ackqueue (zeo)"):
+                shared="ackqueue (zeo)", lean="ZODB lean (reference)"):
     """Issue 5's targets with durability equal to persist-queue's: one dict per target,
-    {target, needed, measured, met, bound, bound_says, higher_better}.  bound is None where
-    no floor applies; bound_says explains how it was derived."""
+    {target, needed, measured, met, bound, bound_says, higher_better, lean}.  bound is None
+    where no floor applies; bound_says explains how it was derived.  lean is what
+    benchmarks/lean.py's minimal ZODB queue measured in the same scenario of the same run
+    (None where it was not run: it does not run across processes)."""
     floors = report.get("floors") or {}
     files = [floors.get("file_at_start"), floors.get("file_at_end")]
     zeos = [floors.get("zeo_at_start"), floors.get("zeo_at_end")]
@@ -133,26 +135,30 @@ def target_rows(report, reference="persist-queue", ours="ackqueue (fsync)",
     zeo_ms = _best(zeos, "after_pause_p50_ms")
     rows = []
 
-    def row(target, needed, measured, higher_better, bound=None, says="—"):
+    def row(target, needed, measured, higher_better, bound=None, says="—", lean_value=None):
         met = None if needed is None or measured is None else (
             measured >= needed if higher_better else measured < needed)
         rows.append({"target": target, "needed": needed, "measured": measured, "met": met,
-                     "bound": bound, "bound_says": says, "higher_better": higher_better})
+                     "bound": bound, "bound_says": says, "higher_better": higher_better,
+                     "lean": lean_value})
 
     pq_b = _median(report, "b", reference, "cycle_rate")
     row("(b) cycles/s ≥ 2× persist-queue", None if pq_b is None else 2 * pq_b,
         _median(report, "b", ours, "cycle_rate"), True,
         None if tight_us is None else 1e6 / (2 * tight_us),
-        "1 / (2 bare commits back to back)")
+        "1 / (2 bare commits back to back)", _median(report, "b", lean, "cycle_rate"))
     pq_c = _median(report, "c", reference, "throughput")
     row("(c) items/s ≥ 10× persist-queue", None if pq_c is None else 10 * pq_c,
         _median(report, "c", ours, "throughput"), True,
         None if tight_us is None else 4e6 / tight_us,
-        "4 items per commit / a bare commit back to back")
+        "4 items per commit / a bare commit back to back",
+        _median(report, "c", lean, "throughput"))
     row("(d) full cycle items/s ≥ 20,000", 20000.0,
-        _median(report, "d", ours, "cycle_rate"), True)
+        _median(report, "d", ours, "cycle_rate"), True,
+        lean_value=_median(report, "d", lean, "cycle_rate"))
     row("(e) in one process: p50 < 1 ms", 1.0, _median(report, "e", ours, "p50_ms"), False,
-        paused_ms, "a bare commit's p50 after a 2-5 ms pause")
+        paused_ms, "a bare commit's p50 after a 2-5 ms pause",
+        _median(report, "e", lean, "p50_ms"))
     row("(e) across processes: p50 < 10 ms", 10.0,
         _median(report, "e_xproc", shared, "p50_ms"), False,
         None if zeo_ms is None else 2 * zeo_ms,

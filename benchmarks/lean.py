@@ -1,0 +1,203 @@
+"""A lean durable ack queue on ZODB: a measuring stick for issue 5's targets, not a product.
+
+It does the least that a queue with durable puts and acks must do on a ZODB FileStorage
+(every commit fsync'd), with the same tricks ackqueue uses to be fast, and nothing else:
+
+- put(item) pickles the item and stores it in a segment of 16 neighbouring messages (a
+  persistent object whose state is one bytes object, as ackqueue.segments does), and
+  returns once that is committed;
+- get() takes the next item from an in-memory deque and writes nothing;
+- ack() deletes the message from its segment and returns once that is committed;
+- group commit: one committer thread commits every unit waiting, in one commit; a caller
+  that works alone (no other thread submitted in the last LEAD_QUIET seconds and no commit
+  is under way) commits its own unit in its own thread, saving two thread switches.
+
+What it leaves out is everything else ackqueue promises: no ready index, counters or
+sequence counter in the store (so reopening a file would need a full scan, and it never
+reopens one), no visibility deadlines, no give-back when a thread or process dies, no
+priorities, transactions, sharing, dead letters or bad-input handling.  benchmarks/run.py
+measures it side by side with the others in (a)-(e) as "ZODB lean (reference)": where even
+this misses a target, ZODB under CPython on this machine is what stands in the way, not
+ackqueue's features.
+"""
+import collections
+import pickle
+import threading
+import time
+
+import transaction
+from BTrees.LOBTree import LOBTree
+from persistent import Persistent
+from ZODB import DB
+from ZODB.FileStorage import FileStorage
+
+__all__ = ["LeanZodbQueue"]
+
+SEGMENT_BITS = 4            # 16 messages per segment, as ackqueue's message index
+LEAD_QUIET = 0.001          # as ackqueue.commit: lead only if alone for this long
+
+
+class _Segment(Persistent):
+    """Up to 16 messages, seq -> pickled item; its state is one bytes object."""
+
+    def __init__(self):
+        self.data = {}
+
+    def __getstate__(self):
+        return pickle.dumps(self.data, protocol=4)
+
+    def __setstate__(self, state):
+        self.data = pickle.loads(state)
+
+
+class _Unit:
+    __slots__ = ("puts", "acks", "done")
+
+    def __init__(self, puts=(), acks=()):
+        self.puts, self.acks = puts, acks
+        self.done = threading.Event()
+
+
+class LeanZodbQueue:
+    """put / get(timeout) / ack(handle) / put_many / ack_many over one FileStorage file."""
+
+    def __init__(self, path):
+        self._db = DB(FileStorage(path))
+        self._tm = transaction.TransactionManager(explicit=True)
+        self._conn = self._db.open(transaction_manager=self._tm)
+        with self._tm:
+            self._segments = self._conn.root()["lean"] = LOBTree()
+        self._mutex = threading.Lock()
+        self._not_empty = threading.Condition(self._mutex)
+        self._ready = collections.deque()       # (seq, pickled item), committed puts
+        self._next_seq = 1
+        self._cond = threading.Condition()      # guards _pending and the lead rule
+        self._pending = []
+        self._baton = threading.Lock()          # held by whoever commits
+        self._last_submitter = None
+        self._others_until = 0.0
+        self._closing = False
+        self.commits = 0
+        self.units = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    # -- the queue -------------------------------------------------------------------------
+
+    def put(self, item):
+        self.put_many([item])
+
+    def put_many(self, items):
+        bodies = [pickle.dumps(item, protocol=4) for item in items]
+        with self._mutex:
+            first = self._next_seq
+            self._next_seq += len(bodies)
+        self._commit_and_wait(_Unit(puts=list(zip(range(first, first + len(bodies)),
+                                                  bodies))))
+
+    def get(self, timeout):
+        """(seq, item) of the next committed put, or None after timeout seconds."""
+        with self._not_empty:
+            end = time.monotonic() + timeout
+            while not self._ready:
+                remaining = end - time.monotonic()
+                if remaining <= 0 or not self._not_empty.wait(remaining):
+                    if not self._ready:
+                        return None
+            seq, body = self._ready.popleft()
+        return seq, pickle.loads(body)
+
+    def get_many(self, n, timeout):
+        """Up to n (seq, item): the first waited for, then what is ready."""
+        first = self.get(timeout)
+        if first is None:
+            return []
+        out = [first]
+        with self._mutex:
+            while len(out) < n and self._ready:
+                seq, body = self._ready.popleft()
+                out.append((seq, body))
+        return [out[0]] + [(seq, pickle.loads(body)) for seq, body in out[1:]]
+
+    def ack(self, handle):
+        self.ack_many([handle])
+
+    def ack_many(self, handles):
+        self._commit_and_wait(_Unit(acks=[seq for seq, _ in handles]))
+
+    def close(self):
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
+        self._conn.close()
+        self._db.close()
+
+    # -- group commit ------------------------------------------------------------------------
+
+    def _commit_and_wait(self, unit):
+        me, now = threading.get_ident(), time.monotonic()
+        with self._cond:
+            self._pending.append(unit)
+            if me != self._last_submitter:
+                if self._last_submitter is not None:
+                    self._others_until = now + LEAD_QUIET
+                self._last_submitter = me
+            lead = len(self._pending) == 1 and now >= self._others_until
+            if not lead:
+                self._cond.notify()
+        if lead and self._baton.acquire(blocking=False):
+            try:
+                self._commit_pending()
+            finally:
+                self._baton.release()
+            with self._cond:
+                if self._pending:
+                    self._cond.notify()
+        elif lead:
+            with self._cond:
+                self._cond.notify()
+        unit.done.wait()
+
+    def _run(self):
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if self._closing and not self._pending:
+                    return
+            with self._baton:
+                self._commit_pending()
+
+    def _commit_pending(self):
+        with self._cond:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return
+        segments = self._segments
+        self._tm.begin()
+        for unit in batch:
+            for seq, body in unit.puts:
+                segment = segments.get(seq >> SEGMENT_BITS)
+                if segment is None:
+                    segment = segments[seq >> SEGMENT_BITS] = _Segment()
+                segment.data[seq] = body
+                segment._p_changed = True
+            for seq in unit.acks:
+                segment = segments[seq >> SEGMENT_BITS]
+                del segment.data[seq]
+                if segment.data:
+                    segment._p_changed = True
+                else:
+                    del segments[seq >> SEGMENT_BITS]
+        self._tm.commit()
+        self.commits += 1
+        self.units += len(batch)
+        with self._mutex:
+            for unit in batch:
+                self._ready.extend(unit.puts)
+            arrived = sum(len(unit.puts) for unit in batch)
+            if arrived:
+                self._not_empty.notify(arrived)
+        for unit in batch:
+            unit.done.set()
