@@ -30,7 +30,7 @@ import statistics
 import tempfile
 import time
 
-__all__ = ["measure_file_floors", "zeo_commit_after_pause", "target_rows"]
+__all__ = ["measure_file_floors", "zeo_commit_after_pause", "meets", "target_rows"]
 
 E_PAUSE = (0.002, 0.005)        # scenario_e's pause before each put (seconds)
 E_XPROC_PAUSE = (0.015, 0.025)  # xwake_one's pause before each put (seconds)
@@ -120,6 +120,13 @@ def _median(report, key, label, metric):
         return None
 
 
+def meets(value, needed, higher_better):
+    """Whether value meets a target of needed (None when either is unknown)."""
+    if value is None or needed is None:
+        return None
+    return value >= needed if higher_better else value < needed
+
+
 def target_rows(report, reference="persist-queue", ours="ackqueue (fsync)",
                 shared="ackqueue (zeo)", lean="ZODB lean (reference)"):
     """Issue 5's targets with durability equal to persist-queue's: one dict per target,
@@ -136,9 +143,8 @@ def target_rows(report, reference="persist-queue", ours="ackqueue (fsync)",
     rows = []
 
     def row(target, needed, measured, higher_better, bound=None, says="—", lean_value=None):
-        met = None if needed is None or measured is None else (
-            measured >= needed if higher_better else measured < needed)
-        rows.append({"target": target, "needed": needed, "measured": measured, "met": met,
+        rows.append({"target": target, "needed": needed, "measured": measured,
+                     "met": meets(measured, needed, higher_better),
                      "bound": bound, "bound_says": says, "higher_better": higher_better,
                      "lean": lean_value})
 

@@ -1772,18 +1772,10 @@ def markdown_targets(report):
                  "how the floor is derived | lean ZODB queue | lean meets it |")
     lines.append("|---|---:|---:|---|---:|---|---|---:|---|")
     for r in floors.target_rows(report, REFERENCE, lean=LEAN):
-        met = {True: "yes", False: "**no**", None: "—"}[r["met"]]
-        if r["bound"] is None or r["needed"] is None:
-            allows = "—"
-        else:
-            ok = r["bound"] >= r["needed"] if r["higher_better"] else r["bound"] < r["needed"]
-            allows = "yes" if ok else "**no**"
-        if r["lean"] is None or r["needed"] is None:
-            lean_meets = "—"
-        else:
-            ok = (r["lean"] >= r["needed"] if r["higher_better"]
-                  else r["lean"] < r["needed"])
-            lean_meets = "yes" if ok else "**no**"
+        says = {True: "yes", False: "**no**", None: "—"}
+        met = says[r["met"]]
+        allows = says[floors.meets(r["bound"], r["needed"], r["higher_better"])]
+        lean_meets = says[floors.meets(r["lean"], r["needed"], r["higher_better"])]
         lines.append(f"| {r['target']} | {fmt(r['needed'])} | {fmt(r['measured'])} | {met} | "
                      f"{fmt(r['bound'])} | {allows} | {r['bound_says']} | "
                      f"{fmt(r['lean'])} | {lean_meets} |")
