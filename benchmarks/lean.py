@@ -98,12 +98,8 @@ class LeanZodbQueue:
     def get(self, timeout):
         """(seq, item) of the next committed put, or None after timeout seconds."""
         with self._not_empty:
-            end = time.monotonic() + timeout
-            while not self._ready:
-                remaining = end - time.monotonic()
-                if remaining <= 0 or not self._not_empty.wait(remaining):
-                    if not self._ready:
-                        return None
+            if not self._not_empty.wait_for(lambda: self._ready, timeout):
+                return None
             seq, body = self._ready.popleft()
         return seq, pickle.loads(body)
 
@@ -112,12 +108,9 @@ class LeanZodbQueue:
         first = self.get(timeout)
         if first is None:
             return []
-        out = [first]
         with self._mutex:
-            while len(out) < n and self._ready:
-                seq, body = self._ready.popleft()
-                out.append((seq, body))
-        return [out[0]] + [(seq, pickle.loads(body)) for seq, body in out[1:]]
+            more = [self._ready.popleft() for _ in range(min(n - 1, len(self._ready)))]
+        return [first] + [(seq, pickle.loads(body)) for seq, body in more]
 
     def ack(self, handle):
         self.ack_many([handle])
@@ -144,17 +137,15 @@ class LeanZodbQueue:
                     self._others_until = now + LEAD_QUIET
                 self._last_submitter = me
             lead = len(self._pending) == 1 and now >= self._others_until
-            if not lead:
-                self._cond.notify()
         if lead and self._baton.acquire(blocking=False):
             try:
                 self._commit_pending()
             finally:
                 self._baton.release()
             with self._cond:
-                if self._pending:
+                if self._pending:       # units that arrived meanwhile: the thread takes them
                     self._cond.notify()
-        elif lead:
+        else:                           # not alone, or a commit is under way: the thread
             with self._cond:
                 self._cond.notify()
         unit.done.wait()
