@@ -470,3 +470,53 @@ def test_operations_running_through_a_server_restart_complete_or_fail_clearly(se
         assert q.unfinished_tasks == 0
         print(f"\nthrough a restart: {len(put_done)} puts, {len(errors)} clear errors "
               f"({sorted({type(e).__name__ for e in errors})}), {duplicates} delivered twice")
+
+
+# -- wake-ups load what changed at once -------------------------------------------------------
+
+def test_prefetch_caches_the_state_a_syncing_connection_reads(server, tmp_path):
+    """storage.prefetch asks for what another client's commit made of the objects, as of
+    that commit, so that the loads of the getters it wakes find it (or join it in flight)."""
+    import transaction
+    import ZODB
+    from persistent.mapping import PersistentMapping
+    from ZEO.ClientStorage import ClientStorage
+    from ZODB.utils import p64, u64
+
+    from ackqueue.storage import prefetch
+
+    address = ("127.0.0.1", server.port)
+    ours, theirs = ClientStorage(address, wait_timeout=WAIT), ClientStorage(address,
+                                                                             wait_timeout=WAIT)
+    our_db, their_db = ZODB.DB(ours), ZODB.DB(theirs)
+    try:
+        tm = transaction.TransactionManager()
+        conn = their_db.open(tm)
+        with tm:
+            conn.root()["box"] = box = PersistentMapping(value=1)
+        oid = box._p_oid
+        with tm:
+            box["value"] = 2
+        tid = box._p_serial
+        conn.close()
+        deadline = time.monotonic() + WAIT
+        while ours.lastTransaction() != tid:           # the invalidation reached us
+            assert time.monotonic() < deadline, "the server never told us of the commit"
+            time.sleep(0.01)
+        reads_at = p64(u64(tid) + 1)      # what a connection that syncs now asks for
+        assert ours._cache.loadBefore(oid, reads_at) is None, "nothing loaded it yet"
+
+        prefetch(ours, {oid}, tid)
+        while ours._cache.loadBefore(oid, reads_at) is None:
+            assert time.monotonic() < deadline, "the prefetch never arrived"
+            time.sleep(0.01)
+        data, serial = ours._cache.loadBefore(oid, reads_at)[:2]
+        assert serial == tid
+        assert data == theirs.loadBefore(oid, reads_at)[0]
+
+        conn = our_db.open()
+        assert conn.get(oid)["value"] == 2, "the connection reads the prefetched state"
+        conn.close()
+    finally:
+        our_db.close()
+        their_db.close()
