@@ -58,6 +58,9 @@ class SharedQueueState(QueueState):
 
     def __init__(self, database, name, kind, clock=time.time):
         self._claiming = set()      # seqs whose Claim this process is committing
+        # Threads blocked in get() for something to be ready (under mutex; read without it
+        # by the wake-ups, for whom a stale count only means one prefetch more or less).
+        self.getters_waiting = 0
         self._spread = 1            # choose among this many ready messages (grows on lost races)
         self._won_in_row = 0        # claims won since the last lost race or narrowing
         self.claims_lost = 0        # races lost to other processes (for benchmarks and tests)
@@ -290,12 +293,17 @@ class SharedQueueState(QueueState):
             if not block:
                 raise Empty
             if endtime is None:
-                self.not_empty.wait(WAIT_RECHECK)
+                wait = WAIT_RECHECK
             else:
                 remaining = endtime - monotonic()
                 if remaining <= 0.0:
                     raise Empty
-                self.not_empty.wait(min(remaining, WAIT_RECHECK))
+                wait = min(remaining, WAIT_RECHECK)
+            self.getters_waiting += 1
+            try:
+                self.not_empty.wait(wait)
+            finally:
+                self.getters_waiting -= 1
             self._expire()
 
     def _promote_due(self):

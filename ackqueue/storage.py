@@ -11,7 +11,7 @@ A storage this process holds alone (a file, memory) is *exclusive*: queues keep 
 in memory (ackqueue.state).  A server's storage is *shared* with other processes: queues
 read the store (ackqueue.shared), the process holds a lease (ackqueue.lease), and the
 server's invalidations wake waiting getters here (through a small subclass of ZEO's
-ClientStorage that reports them).
+ClientStorage that reports them) and prefetch what those getters are about to read.
 """
 import atexit
 import logging
@@ -125,7 +125,10 @@ class Database:
                 targets = set(self._watched.values())
             else:
                 targets = {self._watched[o] for o in oids if o in self._watched}
-                if targets:
+                # Only when getters here are about to read what changed: prefetching every
+                # change made every client load every commit, needed or not (2 producer and
+                # 2 consumer processes: about 115 -> 70 items/s).
+                if any(state.getters_waiting for state in targets):
                     prefetch(self.db.storage, oids, tid)
             for state in targets:
                 try:

@@ -520,3 +520,63 @@ def test_prefetch_caches_the_state_a_syncing_connection_reads(server, tmp_path):
     finally:
         our_db.close()
         their_db.close()
+
+
+
+def test_a_wake_up_prefetches_only_for_getters_waiting_here(server, monkeypatch):
+    """A change another process committed is prefetched when a getter here is blocked in
+    get() (it reads that change at once), and not when none is: then a prefetch would only
+    load every other process's commit into this client, needed or not."""
+    from ackqueue import storage
+
+    calls = []
+    real_prefetch = storage.prefetch
+    monkeypatch.setattr(storage, "prefetch",      # a spy: the real prefetch still runs
+                        lambda st, oids, tid: (calls.append(set(oids)),
+                                               real_prefetch(st, oids, tid)))
+    put_in_child = """
+        import sys
+        from ackqueue import AckQueue
+        with AckQueue(path=sys.argv[1], name="pf") as q:
+            q.put(sys.argv[2])
+    """
+
+    with AckQueue(path=server.url, name="pf") as q:
+        state = q._state
+        woken = threading.Event()
+        store_changed = state.store_changed
+
+        def told_of_a_change():       # by the wake-ups thread, after it chose to prefetch
+            store_changed()
+            if threading.current_thread().name == "ackqueue-wakeups":
+                woken.set()
+        monkeypatch.setattr(state, "store_changed", told_of_a_change)
+
+        got = []
+        getter = threading.Thread(target=lambda: got.append(q.get(timeout=WAIT)))
+        getter.start()
+        deadline = time.monotonic() + WAIT
+        while state.getters_waiting == 0:
+            assert time.monotonic() < deadline, "the getter never blocked"
+            time.sleep(0.01)
+        child = spawn(put_in_child, server.url, "first")
+        try:
+            assert child.wait(WAIT) == 0
+        finally:
+            kill(child)
+        getter.join(WAIT)
+        assert got == ["first"]
+        q.ack(got[0])
+        assert any(state.watch_oid in oids for oids in calls), \
+            "the waiting getter's wake-up prefetched nothing"
+
+        calls.clear()
+        woken.clear()
+        child = spawn(put_in_child, server.url, "second")
+        try:
+            assert child.wait(WAIT) == 0
+        finally:
+            kill(child)
+        assert woken.wait(WAIT), "this process was never told of the second put"
+        assert calls == [], "a wake-up with no getter waiting prefetched"
+        assert q.get(timeout=WAIT) == "second"
