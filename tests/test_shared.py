@@ -522,7 +522,6 @@ def test_prefetch_caches_the_state_a_syncing_connection_reads(server, tmp_path):
         their_db.close()
 
 
-
 def test_a_wake_up_prefetches_only_for_getters_waiting_here(server, monkeypatch):
     """A change another process committed is prefetched when a getter here is blocked in
     get() (it reads that change at once), and not when none is: then a prefetch would only
