@@ -158,6 +158,10 @@ class Committer:
                 self._cond.notify()
         return ticket
 
+    def busy(self):
+        """Whether a commit is under way or units wait for one (a hint: not locked)."""
+        return self._baton.locked() or bool(self._pending)
+
     def _lead(self):
         """Commit what is pending in the calling thread, if the baton is free."""
         if not self._baton.acquire(blocking=False):

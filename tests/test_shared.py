@@ -579,3 +579,66 @@ def test_a_wake_up_prefetches_only_for_getters_waiting_here(server, monkeypatch)
         assert woken.wait(WAIT), "this process was never told of the second put"
         assert calls == [], "a wake-up with no getter waiting prefetched"
         assert q.get(timeout=WAIT) == "second"
+
+
+def test_an_idle_producer_prefetches_what_it_wrote_and_a_consumer_nothing(server,
+                                                                         monkeypatch):
+    """With no getter waiting, a process that put lately prefetches, once other processes'
+    changes stop, the changed objects it wrote lately (its next put writes them again: the
+    counters, the sequence counter, the tail of the queue), so that the put does not load
+    them one round trip at a time; never the rest of a change, which would load every
+    other process's commit into this client, needed or not.  A process that never put, or
+    not for WARM_AFTER_PUT seconds, keeps nothing warm (test above: a consumer)."""
+    from ackqueue import storage
+
+    child = spawn("""
+        import sys
+        from ackqueue import AckQueue
+        with AckQueue(path=sys.argv[1], name="warm") as q:
+            q.put("first")                  # makes the queue
+            print("put", flush=True)
+            sys.stdin.readline()
+            q.ack(q.get(timeout=60))        # the first claim: sets the queue's leased
+            print("consumed", flush=True)
+            sys.stdin.readline()
+    """, server.url)
+    calls = []
+    real_prefetch = storage.prefetch
+    monkeypatch.setattr(storage, "prefetch",      # a spy: the real prefetch still runs
+                        lambda st, oids, tid: (calls.append(set(oids)),
+                                               real_prefetch(st, oids, tid)))
+    try:
+        assert read_line(child) == "put"
+        with AckQueue(path=server.url, name="warm") as q:
+            database, state = q._database, q._state
+            changed = []
+            real_changed = database.changed
+            monkeypatch.setattr(database, "changed", lambda oids, tid=None: (
+                changed.append(oids), real_changed(oids, tid)))
+            with state.mutex:
+                rec = state._record()
+                counts, seq_counter, record = (rec.counts._p_oid, rec.next_seq._p_oid,
+                                               rec._p_oid)
+            probe = [counts, seq_counter, record]
+            assert database.keep_warm(probe) == [], "keeps warm before it ever put"
+
+            q.put("second")             # writes the counters and the sequence counter
+            assert database.keep_warm(probe) == [counts, seq_counter]
+            calls.clear()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert read_line(child) == "consumed"
+            deadline = time.monotonic() + WAIT
+            while not any(counts in oids for oids in calls):
+                assert time.monotonic() < deadline, "the counters were never prefetched"
+                time.sleep(0.01)
+            assert any(oids and record in oids for oids in changed), \
+                "the other process's claim did not change the queue's record"
+            for oids in calls:
+                assert record not in oids, "prefetched an object this process never wrote"
+                assert set(database.db.storage.written_lately(oids)) == oids
+
+            database.last_put_at -= storage.WARM_AFTER_PUT     # as if that long ago
+            assert database.keep_warm(probe) == []
+    finally:
+        kill(child)
