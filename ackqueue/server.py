@@ -49,6 +49,26 @@ def parse_listen(text):
     return host, port
 
 
+class _PeerGoneIsNotAnError(logging.Filter):
+    """ZEO's server logs a client connection that ended with a connection error at ERROR.
+    For a queue server that is routine, not a fault: a client process was killed, or it
+    closed its connection while invalidations the server had sent it were still unread
+    (the kernel then resets the connection).  Log it at INFO."""
+
+    def filter(self, record):
+        if (record.levelno == logging.ERROR and record.msg == "Disconnected %s:%s"
+                and isinstance(record.args, tuple) and len(record.args) == 2
+                and isinstance(record.args[1], ConnectionError)):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            record.msg = "a client disconnected abruptly (%s: %s)"
+        return True
+
+
+def _install_filter(logger, kind):
+    if not any(isinstance(f, kind) for f in logger.filters):     # serve() may run twice
+        logger.addFilter(kind())
+
+
 def _stop(signum):
     log.info("ackqueue server: stopping on %s", signal.Signals(signum).name)
     raise SystemExit(0)
@@ -58,6 +78,7 @@ def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", out=
     """Serve the queue file path on (host, port) until SIGTERM or SIGINT.  Port 0 picks a
     free port; the address served is printed on out as ``... at zeo://HOST:PORT``."""
     path = os.path.realpath(path)
+    _install_filter(logging.getLogger("ZEO.asyncio.server"), _PeerGoneIsNotAnError)
     ZODB.DB(open_file_storage(path)).close()    # create the root before clients race to
     storage = open_file_storage(path, durability)
     try:

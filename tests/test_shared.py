@@ -74,6 +74,34 @@ def test_a_second_server_on_the_same_file_is_refused_clearly(server, tmp_path):
     assert "already open in another process" in err
 
 
+def test_a_client_whose_connection_is_reset_is_logged_at_info_not_error(server):
+    """A client connection that ends in a reset (its process was killed, or it closed with
+    invalidations unread) is routine for a queue server: ZEO logs it at ERROR, ackqueue's
+    server at INFO."""
+    import select
+    import socket
+    import struct
+
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
+    readable, _, _ = select.select([sock], [], [], WAIT)
+    assert readable, "the server never sent its handshake"
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()                        # with linger 0: a reset, the handshake unread
+    deadline = time.monotonic() + WAIT
+    while "disconnected abruptly" not in server.read_log():
+        assert time.monotonic() < deadline, "the reset was never logged:\n" + server.read_log()
+        time.sleep(0.01)
+    log = server.read_log()
+    assert " INFO ZEO.asyncio.server: a client disconnected abruptly (ConnectionResetError" \
+        in log
+    assert " ERROR " not in log
+
+    with AckQueue(path=server.url) as q:    # and the server serves on
+        q.put("still here")
+        assert q.get(timeout=WAIT) == "still here"
+        q.task_done()
+
+
 def test_unreachable_server_raises_server_unavailable(tmp_path):
     srv = Server(tmp_path / "gone.fs", tmp_path / "server.log")
     url = srv.url
