@@ -550,17 +550,24 @@ def test_prefetch_caches_the_state_a_syncing_connection_reads(server, tmp_path):
         their_db.close()
 
 
+def _spy_on_prefetch(monkeypatch, storage):
+    """The oid sets storage.prefetch is called with, in order (the real prefetch still
+    runs)."""
+    calls = []
+    real_prefetch = storage.prefetch
+    monkeypatch.setattr(storage, "prefetch",
+                        lambda st, oids, tid: (calls.append(set(oids)),
+                                               real_prefetch(st, oids, tid)))
+    return calls
+
+
 def test_a_wake_up_prefetches_only_for_getters_waiting_here(server, monkeypatch):
     """A change another process committed is prefetched when a getter here is blocked in
     get() (it reads that change at once), and not when none is: then a prefetch would only
     load every other process's commit into this client, needed or not."""
     from ackqueue import storage
 
-    calls = []
-    real_prefetch = storage.prefetch
-    monkeypatch.setattr(storage, "prefetch",      # a spy: the real prefetch still runs
-                        lambda st, oids, tid: (calls.append(set(oids)),
-                                               real_prefetch(st, oids, tid)))
+    calls = _spy_on_prefetch(monkeypatch, storage)
     put_in_child = """
         import sys
         from ackqueue import AckQueue
@@ -630,11 +637,7 @@ def test_an_idle_producer_prefetches_what_it_wrote_and_a_consumer_nothing(server
             print("consumed", flush=True)
             sys.stdin.readline()
     """, server.url)
-    calls = []
-    real_prefetch = storage.prefetch
-    monkeypatch.setattr(storage, "prefetch",      # a spy: the real prefetch still runs
-                        lambda st, oids, tid: (calls.append(set(oids)),
-                                               real_prefetch(st, oids, tid)))
+    calls = _spy_on_prefetch(monkeypatch, storage)
     try:
         assert read_line(child) == "put"
         with AckQueue(path=server.url, name="warm") as q:
