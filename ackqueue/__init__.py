@@ -9,6 +9,7 @@ queue only when acknowledged (ack() or task_done()); otherwise it comes back.
 """
 from queue import Empty, Full
 
+from .browse import BrowsedMessage
 from .connection import QueueConnection
 from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotAQueueFile, NotHeld,
                      QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
@@ -22,5 +23,5 @@ __all__ = [
     "AckQueue", "AckLifoQueue", "AckPriorityQueue", "QueueConnection", "Message",
     "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
-    "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "queues",
+    "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "queues", "BrowsedMessage",
 ]

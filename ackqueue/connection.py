@@ -28,7 +28,7 @@ from . import store
 from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, StaleAck,
                      UnpicklableItem)
 from .message import Message, MessageId
-from .state import DEFAULT_PUT, MessageMissing, Meta, check_timeout
+from .state import DEFAULT_PUT, Ask, MessageMissing, Meta, check_timeout
 
 log = logging.getLogger(__name__)
 
@@ -387,10 +387,10 @@ class QueueConnection:
         if visibility_timeout is not None:
             self._state.acknowledging = True
         txn = self._transaction_block()
-        claimed = self._state.claim(
-            self._front, self, block, timeout, visibility_timeout, self._load_meta,
-            record=not isinstance(txn, _AppTransactionBlock), shuffle=shuffle,
-            policy=policy, n=n or 1)
+        ask = Ask(self, visibility_timeout, self._load_meta,
+                  record=not isinstance(txn, _AppTransactionBlock), shuffle=shuffle,
+                  policy=policy)
+        claimed = self._state.claim(self._front, ask, block, timeout, n=n or 1)
         if n is None:
             return self._hand_out(claimed, txn)
         got, unreadable = [], None
@@ -599,23 +599,7 @@ class QueueConnection:
     def redrive(self, to=None):
         """Move the queue's ready dead letters back to their queues (or to ``to``)."""
         self._check_thread()
-        state = self._state
-        if not state.database.exclusive:
-            return state.redrive(None, to, None)
-        names = {to} if to else self._dead_letter_sources()
-        targets = {name: state.database.state(name, None, state.clock) for name in names}
-        return state.redrive(targets, to, self._load_meta)
-
-    def _dead_letter_sources(self):
-        """The queues this queue's messages were dead-lettered from (as the store says)."""
-        if self._zconn is None:
-            self._load_meta_connection()
-        self._tm.begin()
-        try:
-            rec = self._zconn.root()[store.ROOT_KEY].queues[self._state.name]
-            return {msg.source for _, msg in rec.messages.items() if msg.source}
-        finally:
-            self._tm.abort()
+        return self._state.redrive(to, self._load_meta)
 
     # -- transactions ---------------------------------------------------------------------
 

@@ -361,6 +361,41 @@ class AckQueue(_stdlib_queue.Queue):
         receiving it: nothing changes."""
         return self._conn().peek()
 
+    # -- the non-blocking seam (an event loop waits without a thread per waiter) ---------
+
+    def add_ready_listener(self, callback):
+        """Call callback(queue name) whenever a message may have become ready here: a put,
+        a give-back, a delay or visibility deadline passing, another process's change
+        through a server.  It runs in whichever thread made the change, with the queue's
+        lock held: keep it quick and never call the queue from it (an asyncio loop
+        bridges it with loop.call_soon_threadsafe and then tries get_nowait()).  A wake-up
+        is a hint: another consumer may take the message first."""
+        self._check_open()
+        if not callable(callback):
+            raise TypeError("callback must be callable")
+        self._state.add_listener(callback)
+
+    def remove_ready_listener(self, callback):
+        """Stop calling a callback given to add_ready_listener."""
+        self._state.remove_listener(callback)
+
+    def next_ready_at(self):
+        """When (clock seconds) the next delayed message, or the next message in flight
+        with a visibility deadline, becomes ready by itself; None if none will.  A get
+        that found nothing (get_nowait raised Empty) needs to look again by then, or when
+        a ready listener fires."""
+        self._check_open()
+        return self._state.next_ready_at()
+
+    def browse(self):
+        """Iterate every message of the queue with its state (ready in delivery order,
+        then delayed, then in flight), changing nothing: no receive is counted and nothing
+        is claimed.  Yields ackqueue.browse.BrowsedMessage (id, state, item, body,
+        receive_count, deadline, visible_at, attributes, age, ...); reads the store one
+        message at a time from one snapshot (see ackqueue.browse)."""
+        self._check_open()
+        return self._state.browse()
+
     def ack(self, item):
         """Acknowledge a received item (the object get returned, a Message, or its id): it
         leaves the queue for good.  Durable when this returns.  Raises StaleAck if the
@@ -448,7 +483,7 @@ class AckQueue(_stdlib_queue.Queue):
     def qsize(self):
         """The number of ready items (not counting items in flight)."""
         with self.mutex:
-            self._state._expire()
+            self._state.expire_due()
             return self._state.ready_count()
 
     def empty(self):

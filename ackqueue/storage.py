@@ -90,14 +90,16 @@ class Database:
         return self.lease.lease_id
 
     def state(self, name, kind, clock):
-        """The live state of queue name, made on first use."""
-        from .shared import SharedQueueState
+        """The live state of queue name, made on first use: its arbiter is this process's
+        memory when it holds the storage alone, the store when processes share it."""
+        from .local import LocalArbiter
+        from .shared import SharedArbiter
         from .state import QueueState
         with self.lock:
             state = self.states.get(name)
             if state is None:
-                cls = QueueState if self.exclusive else SharedQueueState
-                state = self.states[name] = cls(self, name, kind, clock)
+                arbiter = LocalArbiter if self.exclusive else SharedArbiter
+                state = self.states[name] = QueueState(self, name, kind, clock, arbiter)
             return state
 
     def enable_autopack(self, threshold_bytes, *, interval=None, keep_seconds=None):
@@ -107,9 +109,10 @@ class Database:
         return enable_autopack(self, threshold_bytes, interval=interval,
                                keep_seconds=keep_seconds)
 
-    def shared_states(self):
+    def shared_arbiters(self):
+        """The arbiters of the queues this process shares through a server (leases)."""
         with self.lock:
-            return [s for s in self.states.values() if not self.exclusive]
+            return [s.arbiter for s in self.states.values() if not self.exclusive]
 
     # -- wake-ups from the server's invalidations ----------------------------------------
 
