@@ -41,6 +41,27 @@ MAX_DEDUP_ID = 128
 _UNSET = object()
 
 
+def _kind(kind, lifo):
+    """The store kind of a queue class's queue, made LIFO by lifo=True."""
+    if lifo not in (False, True):
+        raise TypeError("lifo must be True or False")
+    if lifo and kind != store.LIFO:
+        if kind == store.VALUE:
+            raise ValueError("a priority queue orders by item value; it cannot be lifo")
+        kind = store.LIFO
+    return kind
+
+
+def _dead_letter(dead_letter, name):
+    """A valid dead_letter= argument of queue name."""
+    if dead_letter is not None:
+        if not isinstance(dead_letter, str) or not dead_letter:
+            raise TypeError("dead_letter must be the name (str) of another queue")
+        if dead_letter == name:
+            raise ValueError("a queue cannot be its own dead-letter queue")
+    return dead_letter
+
+
 def _seconds(value, what, *, positive=False, allow_none=False):
     """A number of seconds: not a bool, not NaN, not negative (or zero, with positive)."""
     if value is None and allow_none:
@@ -172,20 +193,9 @@ class AckQueue(_stdlib_queue.Queue):
             raise ValueError("thread_exit must be 'auto' or 'give_back'")
         if clock is not None and not callable(clock):
             raise TypeError("clock must be a callable returning seconds")
-        if lifo not in (False, True):
-            raise TypeError("lifo must be True or False")
-        kind = self._kind
-        if lifo and kind != store.LIFO:
-            if kind == store.VALUE:
-                raise ValueError("a priority queue orders by item value; it cannot be lifo")
-            kind = store.LIFO
+        kind = _kind(self._kind, lifo)
         self.max_receives = _max_receives(max_receives)
-        if dead_letter is not None:
-            if not isinstance(dead_letter, str) or not dead_letter:
-                raise TypeError("dead_letter must be the name (str) of another queue")
-            if dead_letter == name:
-                raise ValueError("a queue cannot be its own dead-letter queue")
-        self.dead_letter = dead_letter
+        self.dead_letter = _dead_letter(dead_letter, name)
         self.retention = (store.DEFAULT_RETENTION if retention is None
                           else _retention(retention))
         self.dedup_window = _seconds(dedup_window, "dedup_window")
