@@ -191,17 +191,20 @@ class SharedArbiter:
                 lost += 1
                 self._lost_race(seq)
                 continue
-            finally:
+            except BaseException:
                 with state.mutex:
                     self._claiming.discard(seq)
-            if isinstance(op, store.Claim):      # else taken out instead of delivered
-                with state.mutex:
+                raise
+            with state.mutex:
+                self._claiming.discard(seq)
+                if isinstance(op, store.Claim):      # else taken out instead of delivered
                     self._won_race()
                     return self._held(seq, skey, ask.holder, deadline, op)
         return None
 
     def _lost_race(self, seq):
         with self.state.mutex:
+            self._claiming.discard(seq)
             self.claims_lost += 1
             self._spread = min(self._spread * 2, SPREAD_MAX)
             self._won_in_row = 0
