@@ -41,9 +41,6 @@ def parser():
     p.add_argument("--quick", action="store_true", help="small counts, a ~1 minute smoke run")
     p.add_argument("--scenario", "--scenarios", dest="scenarios", default=",".join(ALL_KEYS),
                    help=f"comma-separated subset of {','.join(ALL_KEYS)}")
-    p.add_argument("--contender", "--contenders", dest="contenders", default=None,
-                   help="comma-separated contender ids (or labels) to keep (default: all); "
-                        "they also pick the contenders of (e) across processes, (f) and (g)")
     p.add_argument("--out", default=os.path.join("benchmarks", "results"),
                    help="where results.json, results.md and results.png go "
                         "(default: benchmarks/results)")
@@ -55,6 +52,9 @@ def parser():
     p.add_argument("--tmpdir", default=None,
                    help="where the fresh queue directories go (default: the system temp "
                         "dir; must not be tmpfs, where fsync costs nothing)")
+    p.add_argument("--contender", "--contenders", dest="contenders", default=None,
+                   help="comma-separated contender ids (or labels) to keep (default: all); "
+                        "they also pick the contenders of (e) across processes, (f) and (g)")
     return p
 
 
