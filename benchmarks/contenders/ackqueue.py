@@ -78,7 +78,7 @@ class AckQueueAdapter(Adapter):
             c = self.q._database.committer
             out = {"commits": c.commits, "units": c.units, "conflicts": c.conflicts,
                    "conflicts_by_class": dict(c.conflicts_by_class)}
-            lost = getattr(self.q._state, "claims_lost", None)
+            lost = getattr(self.q._state.arbiter, "claims_lost", None)   # private: diagnostics only
             if lost is not None:
                 out["claims_lost"] = lost
             return out
