@@ -254,11 +254,16 @@ class AckQueue(_stdlib_queue.Queue):
             self._connections.add(conn)
         return conn
 
-    def connect(self):
-        """A new QueueConnection for the calling thread (its own ZODB connection)."""
+    def connect(self, *, thread_bound=True):
+        """A new QueueConnection for the calling thread (its own ZODB connection).  With
+        thread_bound=False it belongs to no thread: any thread may use it, one call at a
+        time, and what it holds comes back only at a visibility deadline, at its close(),
+        or when the process dies (a server holding deliveries for remote clients)."""
         self._check_open()
+        if thread_bound not in (False, True):
+            raise TypeError("thread_bound must be True or False")
         self._state.acknowledging = True
-        conn = QueueConnection(self, self._state)
+        conn = QueueConnection(self, self._state, thread_bound)
         self._connections.add(conn)
         return conn
 

@@ -207,3 +207,48 @@ def test_browse_through_a_server_shows_every_processs_deliveries(server):
         assert [(m.state, m.item) for m in found] == [
             (READY, "z"), (IN_FLIGHT, "y"), (IN_FLIGHT, "x")]
         assert found[1].deadline == held.deadline
+
+
+# -- a connection that belongs to no thread ----------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_connection_bound_to_no_thread_holds_across_threads_until_closed(where):
+    clock = FakeClock()
+    with AckQueue(path=where, clock=clock) as q:
+        q.put_many(["a", "b", "c"])
+        conn = q.connect(thread_bound=False)
+        got = {}
+
+        def receive():
+            got["a"] = conn.get_message()
+            got["b"] = conn.get_message(visibility_timeout=10)
+            raise RuntimeError("the thread that received them dies")
+
+        worker = threading.Thread(target=receive)
+        worker.start()
+        worker.join()
+        assert q.get_nowait() == "c"          # "a" and "b" stay held by the connection
+        q.task_done()
+        clock.now += 11                       # "b"'s deadline passes: only "b" comes back
+        assert q.get_nowait() == "b"
+        q.task_done()
+        conn.ack(got["a"])                    # acked from another thread than its receiver
+        q.put("d")
+        held = conn.get_message()
+        conn.close()                          # closing gives back what it still holds
+        assert q.get_nowait() == held.body == "d"
+        q.task_done()
+        assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+
+
+def test_a_thread_bound_connection_refuses_other_threads(where):
+    with AckQueue(path=where) as q:
+        conn = q.connect()
+        errors = []
+        t = threading.Thread(target=lambda: errors.append(
+            pytest.raises(Exception, conn.get, block=False).value))
+        t.start()
+        t.join()
+        assert "belongs to another thread" in str(errors[0])
+        with pytest.raises(TypeError):
+            q.connect(thread_bound="no")
