@@ -198,7 +198,7 @@ class IArbiter(Interface):
         """The reaper's own pass: look at what other processes left (mutex held)."""
 
     def purge():
-        """Remove every ready and delayed message; returns how many."""
+        """Remove every message, in flight too (their acks become stale); how many."""
 
     def redrive(to, load_meta):
         """Move ready dead letters back to their queues (or to ``to``); how many moved."""

@@ -521,8 +521,10 @@ class LocalArbiter:
             self.delayed = []
             for seq in seqs:
                 self._uncache(seq)
-            state.left(len(seqs))
+            held = state.purge_held()
+            state.left(len(seqs) + len(held))
             state.not_full.notify_all()
+        seqs += held
         if seqs:
             self.committer.submit([store.Purge(self.name, seqs)]).wait()
         return len(seqs)

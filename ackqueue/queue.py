@@ -450,8 +450,9 @@ class AckQueue(_stdlib_queue.Queue):
         return result
 
     def purge(self):
-        """Remove every ready and delayed message (in-flight ones stay, and can still be
-        acknowledged); returns how many were removed."""
+        """Remove every message, ready, delayed or in flight, as SQS's PurgeQueue does: a
+        later ack of a purged delivery raises StaleAck (one whose ack was already being
+        written is acknowledged instead).  Returns how many were removed."""
         self._check_open()
         return self._state.purge()
 

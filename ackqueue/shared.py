@@ -428,6 +428,8 @@ class SharedArbiter:
     def purge(self):
         op = store.Purge(self.name)
         self.committer.submit([op]).wait()
+        with self.state.mutex:
+            self.state.purge_held(set(op.removed))
         self.state.store_changed()
         return op.count
 

@@ -468,8 +468,22 @@ class QueueState:
             conn.close()
 
     def purge(self):
-        """Remove every ready and delayed message (in-flight ones stay); returns how many."""
+        """Remove every message, ready, delayed or in flight (as SQS's PurgeQueue does: a
+        later ack of a purged delivery raises StaleAck); returns how many went.  A delivery
+        whose ack is being written when the purge comes is acknowledged, not purged."""
         return self.arbiter.purge()
+
+    def purge_held(self, seqs=None):
+        """End the deliveries held here (of seqs, if given) for a purge, except those being
+        acknowledged (mutex held); returns their seqs."""
+        ended = []
+        for seq, h in list(self.inflight.items()):
+            if not h.settling and (seqs is None or seq in seqs):
+                self.forget(h, "the queue was purged")
+                ended.append(seq)
+        if ended and not self.unfinished():
+            self.all_tasks_done.notify_all()
+        return ended
 
     def redrive(self, to, load_meta):
         """Move the ready messages that came from other queues back to them (or to

@@ -995,28 +995,33 @@ class DropMissing(_Op):
 
 
 class Purge(_Op):
-    """Remove ready and delayed messages: the listed seqs, or (seqs None, through a server)
-    all of them.  ``count`` says how many went."""
+    """Remove every message of the queue, in flight too, as SQS's PurgeQueue does: the
+    listed seqs, or (seqs None, through a server) all of them.  A later ack of a purged
+    delivery is refused as stale.  ``removed`` lists the seqs that went."""
 
-    __slots__ = ("name", "seqs", "count")
+    __slots__ = ("name", "seqs", "removed")
 
     def __init__(self, name, seqs=None):
         self.name, self.seqs = name, seqs
-        self.count = 0
+        self.removed = []
+
+    @property
+    def count(self):
+        return len(self.removed)
 
     def apply(self, root):
         rec = _queue(root, self.name)
         seqs = self.seqs
         if seqs is None:
             seqs = [seq_of_key(rec.kind, key) for key in rec.ready] + list(rec.delayed.keys())
-        self.count = 0
+            seqs += list(rec.inflight.keys())
+            seqs += [seq for _lease, seq, _deadline in rec.leased_items()]
+        self.removed = []
         for seq in seqs:
-            msg = rec.messages.get(seq)
-            if msg is None or msg.holder is not None or seq in rec.inflight:
-                continue
-            rec.take_out(seq)
-            self.count += 1
-        rec.counts.add(purged=self.count)
+            if seq in rec.messages:
+                rec.take_out(seq)
+                self.removed.append(seq)
+        rec.counts.add(purged=len(self.removed))
 
 
 class PruneDedup(_Op):

@@ -1430,34 +1430,45 @@ def test_stats_survive_reopen(tmp_path):
         assert (st["put"], st["acked"], st["ready"], st["in_flight"]) == (3, 1, 2, 0)
 
 
-def test_purge_removes_ready_and_delayed_and_keeps_in_flight(env):
+def test_purge_removes_ready_delayed_and_in_flight_messages(env):
+    """As SQS's PurgeQueue (issue 22): in-flight deliveries end too; their late acks and
+    give-backs are refused as stale."""
     clock = FakeClock()
     q = env.open(clock=clock)
     q.put_many(["a", "b", "c", "d"])
     held = q.get_message()
     q.put("e", delay=10)
-    assert q.purge() == 4
+    assert q.purge() == 5
     assert q.qsize() == 0
-    assert counts_of(q) == count(in_flight=1)
-    assert q.unfinished_tasks == 1
+    assert counts_of(q) == count()
+    assert q.unfinished_tasks == 0
     clock.advance(10)
     with pytest.raises(Empty):
         q.get_nowait()
-    q.ack(held)                                   # the in-flight one can still be acked
-    assert q.unfinished_tasks == 0
+    with pytest.raises(StaleAck, match="purged"):
+        q.ack(held)
+    with pytest.raises(StaleAck):
+        q.nack(held)
+    assert q.stats()["purged"] == 5
     assert q.purge() == 0
     q.put("f")
     assert q.get_message().id > held.id
 
 
-def test_purge_keeps_an_in_flight_message_that_is_given_back_later(env):
-    q = env.open()
+def test_purge_ends_an_in_flight_message_so_it_never_comes_back(env):
+    clock = FakeClock()
+    q = env.open(clock=clock)
     q.put_many(["a", "b"])
-    held = q.get_message()
-    assert q.purge() == 1
-    q.nack(held)
+    q.get_message(visibility_timeout=5)
+    assert q.purge() == 2
+    clock.advance(6)                              # past the purged delivery's deadline
+    with pytest.raises(Empty):
+        q.get_nowait()
+    q.put("c")
     m = q.get_message(block=False)
-    assert (m.body, m.receive_count) == ("a", 2)
+    assert (m.body, m.receive_count) == ("c", 1)
+    q.ack(m)
+    q.join()                                      # nothing is left unacknowledged
 
 
 def test_purge_survives_reopen(tmp_path):

@@ -673,3 +673,41 @@ def test_an_idle_producer_prefetches_what_it_wrote_and_a_consumer_nothing(server
             assert database.keep_warm(probe) == []
     finally:
         kill(child)
+
+
+def test_a_purge_ends_every_processs_deliveries(server):
+    """Issue 22: purge removes messages in flight too, here and in other processes; their
+    acks are refused as stale, and nothing of it comes back."""
+    child = spawn("""
+        import sys
+        from ackqueue import AckQueue, StaleAck
+        q = AckQueue(path=sys.argv[1], name="purged")
+        item = q.get()
+        print("holding", item, flush=True)
+        sys.stdin.readline()
+        try:
+            q.ack(item)
+            print("acked", flush=True)
+        except StaleAck as exc:
+            print("stale", exc, flush=True)
+        q.close()
+    """, server.url)
+    try:
+        with AckQueue(path=server.url, name="purged") as q:
+            q.put("theirs")
+            assert read_line(child) == "holding theirs"
+            q.put_many(["mine", "ready"])
+            mine = q.get_message(timeout=WAIT)
+            assert q.purge() == 3
+            assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+            with pytest.raises(StaleAck, match="purged"):
+                q.ack(mine)
+            child.stdin.write("ack\n")
+            child.stdin.flush()
+            answer = read_line(child)
+            assert answer.startswith("stale"), answer
+            assert q.stats()["purged"] == 3
+            with pytest.raises(Empty):
+                q.get(timeout=0.5)
+    finally:
+        kill(child)
