@@ -314,12 +314,13 @@ def test_messages_of_a_sigkilled_process_come_back_at_deadline_or_lease_expiry(s
         assert q._database.lease.expired_leases == 1
 
 
-def test_a_paused_process_cannot_ack_a_message_redelivered_meanwhile(server):
-    url = short_lease(server)
-    child = spawn("""
+def spawn_holder(url, name):
+    """A child process that gets one item of queue name, prints "holding ITEM", and on a
+    line on its stdin acks it, printing "acked" or "stale ..." (StaleAck)."""
+    return spawn("""
         import sys
         from ackqueue import AckQueue, StaleAck
-        q = AckQueue(path=sys.argv[1], name="pause")
+        q = AckQueue(path=sys.argv[1], name=sys.argv[2])
         item = q.get()
         print("holding", item, flush=True)
         sys.stdin.readline()
@@ -329,7 +330,12 @@ def test_a_paused_process_cannot_ack_a_message_redelivered_meanwhile(server):
         except StaleAck as exc:
             print("stale", exc, flush=True)
         q.close()
-    """, url)
+    """, url, name)
+
+
+def test_a_paused_process_cannot_ack_a_message_redelivered_meanwhile(server):
+    url = short_lease(server)
+    child = spawn_holder(url, "pause")
     try:
         with AckQueue(path=url, name="pause") as q:
             q.put("job")
@@ -678,20 +684,7 @@ def test_an_idle_producer_prefetches_what_it_wrote_and_a_consumer_nothing(server
 def test_a_purge_ends_every_processs_deliveries(server):
     """Issue 22: purge removes messages in flight too, here and in other processes; their
     acks are refused as stale, and nothing of it comes back."""
-    child = spawn("""
-        import sys
-        from ackqueue import AckQueue, StaleAck
-        q = AckQueue(path=sys.argv[1], name="purged")
-        item = q.get()
-        print("holding", item, flush=True)
-        sys.stdin.readline()
-        try:
-            q.ack(item)
-            print("acked", flush=True)
-        except StaleAck as exc:
-            print("stale", exc, flush=True)
-        q.close()
-    """, server.url)
+    child = spawn_holder(server.url, "purged")
     try:
         with AckQueue(path=server.url, name="purged") as q:
             q.put("theirs")
