@@ -172,13 +172,16 @@ class SharedArbiter:
     def _claim_one(self, ask):
         """Claim one message; None when none is ready or NONBLOCKING_TRIES races were lost."""
         state = self.state
-        lost = 0
+        lost, promoted = 0, False
         while lost < NONBLOCKING_TRIES:
             with state.mutex:
                 state.expire_due()
                 found = self._pick_now(ask.shuffle)
                 if found is None:
-                    return None
+                    if promoted or not self._promote_due():
+                        return None
+                    promoted = True   # due delayed messages are being made ready: look again
+                    continue
                 seq, skey, msg = found
                 self._claiming.add(seq)
             now = state.clock()

@@ -252,3 +252,14 @@ def test_a_thread_bound_connection_refuses_other_threads(where):
         assert "belongs to another thread" in str(errors[0])
         with pytest.raises(TypeError):
             q.connect(thread_bound="no")
+
+
+def test_through_a_server_a_due_delayed_message_is_got_without_waiting(server):
+    clock = FakeClock(__import__("time").time())
+    with AckQueue(path=server.url, clock=clock) as q:
+        q.put("later", delay=10)
+        with pytest.raises(Empty):
+            q.get_nowait()
+        clock.now += 10
+        assert q.get_nowait() == "later"
+        q.task_done()
