@@ -12,7 +12,7 @@ from queue import Empty, Full
 from .connection import QueueConnection
 from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotAQueueFile, NotHeld,
                      QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
-                     StorageError, UnpicklableItem)
+                     StorageError, UnpicklableItem, UnsupportedFormat)
 from .message import Message, MessageId
 from .queue import AckLifoQueue, AckPriorityQueue, AckQueue, queues
 
@@ -22,5 +22,5 @@ __all__ = [
     "AckQueue", "AckLifoQueue", "AckPriorityQueue", "QueueConnection", "Message",
     "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
-    "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "queues",
+    "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "queues",
 ]
