@@ -9,6 +9,7 @@ queue only when acknowledged (ack() or task_done()); otherwise it comes back.
 """
 from queue import Empty, Full
 
+from .browse import BrowsedMessage
 from .connection import QueueConnection
 from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotAQueueFile, NotHeld,
                      QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
@@ -23,4 +24,5 @@ __all__ = [
     "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
     "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "queues",
+    "BrowsedMessage",
 ]

@@ -28,7 +28,7 @@ from . import store
 from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, StaleAck,
                      UnpicklableItem)
 from .message import Message, MessageId
-from .state import DEFAULT_PUT, MessageMissing, Meta, check_timeout
+from .state import DEFAULT_PUT, Ask, MessageMissing, Meta, check_timeout
 
 log = logging.getLogger(__name__)
 
@@ -239,14 +239,23 @@ class QueueConnection:
     the program acknowledges on this queue at all (ack, nack, task_done, join, connect,
     transaction, a visibility timeout).  A program that never acknowledges uses the queue
     as plain queue.Queue code, where a get is final: what its ended threads got comes back
-    only at a visibility deadline or on the next open."""
+    only at a visibility deadline or on the next open.
+
+    Made with thread_bound=False (q.connect(thread_bound=False)), it belongs to no thread:
+    any thread may use it, one call at a time (the caller serializes), and what it holds
+    comes back only at a visibility deadline, when it is closed, or when the process dies.
+    A server holds deliveries this way on behalf of its remote clients."""
 
     thread_bound = True
 
-    def __init__(self, front, state):
+    def __init__(self, front, state, thread_bound=True):
         self._front = front
         self._state = state
-        self._thread = weakref.ref(threading.current_thread())
+        if thread_bound:
+            self._thread = weakref.ref(threading.current_thread())
+        else:
+            self.thread_bound = False     # never given back for a thread's end
+            self._thread = None
         self._holdings = {}         # token -> Holding, oldest delivery first
         self._by_item = {}          # id(item got) -> [its Holdings in _holdings], for find
         self._prune_at = RELEASED_KEPT  # len(_holdings) above which _prune looks again
@@ -258,24 +267,29 @@ class QueueConnection:
         self.closed = False
 
     def __repr__(self):
-        thread = self._thread()
-        owner = thread.name if thread is not None else "an ended thread"
+        if self._thread is None:
+            owner = "no thread"
+        else:
+            thread = self._thread()
+            owner = thread.name if thread is not None else "an ended thread"
         return f"<QueueConnection to {self._state.name!r} of {owner}>"
 
     # -- the thread it belongs to --------------------------------------------------------
 
     def alive(self):
+        if self._thread is None:
+            return not self.closed
         thread = self._thread()
         return thread is not None and thread.is_alive() and not self.closed
 
     def ended_by_exception(self):
-        thread = self._thread()
+        thread = None if self._thread is None else self._thread()
         return thread is not None and thread in _failed_threads
 
     def _check_thread(self):
         if self.closed:
             raise AckQueueError("this queue connection is closed")
-        if self._thread() is not threading.current_thread():
+        if self._thread is not None and self._thread() is not threading.current_thread():
             raise AckQueueError(
                 f"{self!r} belongs to another thread; call q.connect() in each thread "
                 "(or use the queue object itself, which does that for you)")
@@ -387,10 +401,10 @@ class QueueConnection:
         if visibility_timeout is not None:
             self._state.acknowledging = True
         txn = self._transaction_block()
-        claimed = self._state.claim(
-            self._front, self, block, timeout, visibility_timeout, self._load_meta,
-            record=not isinstance(txn, _AppTransactionBlock), shuffle=shuffle,
-            policy=policy, n=n or 1)
+        ask = Ask(self, visibility_timeout, self._load_meta,
+                  record=not isinstance(txn, _AppTransactionBlock), shuffle=shuffle,
+                  policy=policy)
+        claimed = self._state.claim(self._front, ask, block, timeout, n=n or 1)
         if n is None:
             return self._hand_out(claimed, txn)
         got, unreadable = [], None
@@ -599,23 +613,7 @@ class QueueConnection:
     def redrive(self, to=None):
         """Move the queue's ready dead letters back to their queues (or to ``to``)."""
         self._check_thread()
-        state = self._state
-        if not state.database.exclusive:
-            return state.redrive(None, to, None)
-        names = {to} if to else self._dead_letter_sources()
-        targets = {name: state.database.state(name, None, state.clock) for name in names}
-        return state.redrive(targets, to, self._load_meta)
-
-    def _dead_letter_sources(self):
-        """The queues this queue's messages were dead-lettered from (as the store says)."""
-        if self._zconn is None:
-            self._load_meta_connection()
-        self._tm.begin()
-        try:
-            rec = self._zconn.root()[store.ROOT_KEY].queues[self._state.name]
-            return {msg.source for _, msg in rec.messages.items() if msg.source}
-        finally:
-            self._tm.abort()
+        return self._state.redrive(to, self._load_meta)
 
     # -- transactions ---------------------------------------------------------------------
 
@@ -632,8 +630,8 @@ class QueueConnection:
     def _transaction_block(self):
         if self._block is not None:
             return self._block
-        if self._state.database.owned:       # only queues on an application's own db=
-            return None
+        if self._state.database.owned or self._thread is None:
+            return None     # only queues on an application's own db=, in its thread
         txn = _active_app_transaction()
         if txn is None:
             return None

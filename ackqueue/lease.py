@@ -72,8 +72,8 @@ class LeaseKeeper:
         except store.LeaseLost:
             self._lost()
         self._judge_others()
-        for state in self.database.shared_states():
-            state.sweep_orphans(self.lease_id)
+        for arbiter in self.database.shared_arbiters():
+            arbiter.sweep_orphans(self.lease_id)
 
     def _lost(self):
         old = self.lease_id
@@ -83,8 +83,8 @@ class LeaseKeeper:
         self._register()
         why = (f"this process's lease expired (it was unresponsive for more than "
                f"{self.timeout:g} s) and the message was given back")
-        for state in self.database.shared_states():
-            state.lease_lost(why)
+        for arbiter in self.database.shared_arbiters():
+            arbiter.lease_lost(why)
 
     def _judge_others(self):
         self._tm.begin()

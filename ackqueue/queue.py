@@ -41,6 +41,27 @@ MAX_DEDUP_ID = 128
 _UNSET = object()
 
 
+def _kind(kind, lifo):
+    """The store kind of a queue class's queue, made LIFO by lifo=True."""
+    if lifo not in (False, True):
+        raise TypeError("lifo must be True or False")
+    if lifo and kind != store.LIFO:
+        if kind == store.VALUE:
+            raise ValueError("a priority queue orders by item value; it cannot be lifo")
+        kind = store.LIFO
+    return kind
+
+
+def _dead_letter(dead_letter, name):
+    """A valid dead_letter= argument of queue name."""
+    if dead_letter is not None:
+        if not isinstance(dead_letter, str) or not dead_letter:
+            raise TypeError("dead_letter must be the name (str) of another queue")
+        if dead_letter == name:
+            raise ValueError("a queue cannot be its own dead-letter queue")
+    return dead_letter
+
+
 def _seconds(value, what, *, positive=False, allow_none=False):
     """A number of seconds: not a bool, not NaN, not negative (or zero, with positive)."""
     if value is None and allow_none:
@@ -172,20 +193,9 @@ class AckQueue(_stdlib_queue.Queue):
             raise ValueError("thread_exit must be 'auto' or 'give_back'")
         if clock is not None and not callable(clock):
             raise TypeError("clock must be a callable returning seconds")
-        if lifo not in (False, True):
-            raise TypeError("lifo must be True or False")
-        kind = self._kind
-        if lifo and kind != store.LIFO:
-            if kind == store.VALUE:
-                raise ValueError("a priority queue orders by item value; it cannot be lifo")
-            kind = store.LIFO
+        kind = _kind(self._kind, lifo)
         self.max_receives = _max_receives(max_receives)
-        if dead_letter is not None:
-            if not isinstance(dead_letter, str) or not dead_letter:
-                raise TypeError("dead_letter must be the name (str) of another queue")
-            if dead_letter == name:
-                raise ValueError("a queue cannot be its own dead-letter queue")
-        self.dead_letter = dead_letter
+        self.dead_letter = _dead_letter(dead_letter, name)
         self.retention = (store.DEFAULT_RETENTION if retention is None
                           else _retention(retention))
         self.dedup_window = _seconds(dedup_window, "dedup_window")
@@ -244,11 +254,16 @@ class AckQueue(_stdlib_queue.Queue):
             self._connections.add(conn)
         return conn
 
-    def connect(self):
-        """A new QueueConnection for the calling thread (its own ZODB connection)."""
+    def connect(self, *, thread_bound=True):
+        """A new QueueConnection for the calling thread (its own ZODB connection).  With
+        thread_bound=False it belongs to no thread: any thread may use it, one call at a
+        time, and what it holds comes back only at a visibility deadline, at its close(),
+        or when the process dies (a server holding deliveries for remote clients)."""
         self._check_open()
+        if thread_bound not in (False, True):
+            raise TypeError("thread_bound must be True or False")
         self._state.acknowledging = True
-        conn = QueueConnection(self, self._state)
+        conn = QueueConnection(self, self._state, thread_bound)
         self._connections.add(conn)
         return conn
 
@@ -361,6 +376,41 @@ class AckQueue(_stdlib_queue.Queue):
         receiving it: nothing changes."""
         return self._conn().peek()
 
+    # -- the non-blocking seam (an event loop waits without a thread per waiter) ---------
+
+    def add_ready_listener(self, callback):
+        """Call callback(queue name) whenever a message may have become ready here: a put,
+        a give-back, a delay or visibility deadline passing, another process's change
+        through a server.  It runs in whichever thread made the change, with the queue's
+        lock held: keep it quick and never call the queue from it (an asyncio loop
+        bridges it with loop.call_soon_threadsafe and then tries get_nowait()).  A wake-up
+        is a hint: another consumer may take the message first."""
+        self._check_open()
+        if not callable(callback):
+            raise TypeError("callback must be callable")
+        self._state.add_listener(callback)
+
+    def remove_ready_listener(self, callback):
+        """Stop calling a callback given to add_ready_listener."""
+        self._state.remove_listener(callback)
+
+    def next_ready_at(self):
+        """When (clock seconds) the next delayed message, or the next message in flight
+        with a visibility deadline, becomes ready by itself; None if none will.  A get
+        that found nothing (get_nowait raised Empty) needs to look again by then, or when
+        a ready listener fires."""
+        self._check_open()
+        return self._state.next_ready_at()
+
+    def browse(self):
+        """Iterate every message of the queue with its state (ready in delivery order,
+        then delayed, then in flight), changing nothing: no receive is counted and nothing
+        is claimed.  Yields ackqueue.browse.BrowsedMessage (id, state, item, body,
+        receive_count, deadline, visible_at, attributes, age, ...); reads the store one
+        message at a time from one snapshot (see ackqueue.browse)."""
+        self._check_open()
+        return self._state.browse()
+
     def ack(self, item):
         """Acknowledge a received item (the object get returned, a Message, or its id): it
         leaves the queue for good.  Durable when this returns.  Raises StaleAck if the
@@ -448,7 +498,7 @@ class AckQueue(_stdlib_queue.Queue):
     def qsize(self):
         """The number of ready items (not counting items in flight)."""
         with self.mutex:
-            self._state._expire()
+            self._state.expire_due()
             return self._state.ready_count()
 
     def empty(self):

@@ -94,14 +94,16 @@ class Database:
         return self.lease.lease_id
 
     def state(self, name, kind, clock):
-        """The live state of queue name, made on first use."""
-        from .shared import SharedQueueState
+        """The live state of queue name, made on first use: its arbiter is this process's
+        memory when it holds the storage alone, the store when processes share it."""
+        from .local import LocalArbiter
+        from .shared import SharedArbiter
         from .state import QueueState
         with self.lock:
             state = self.states.get(name)
             if state is None:
-                cls = QueueState if self.exclusive else SharedQueueState
-                state = self.states[name] = cls(self, name, kind, clock)
+                arbiter = LocalArbiter if self.exclusive else SharedArbiter
+                state = self.states[name] = QueueState(self, name, kind, clock, arbiter)
             return state
 
     def enable_autopack(self, threshold_bytes, *, interval=None, keep_seconds=None):
@@ -111,9 +113,10 @@ class Database:
         return enable_autopack(self, threshold_bytes, interval=interval,
                                keep_seconds=keep_seconds)
 
-    def shared_states(self):
+    def shared_arbiters(self):
+        """The arbiters of the queues this process shares through a server (leases)."""
         with self.lock:
-            return [s for s in self.states.values() if not self.exclusive]
+            return [s.arbiter for s in self.states.values() if not self.exclusive]
 
     # -- wake-ups from the server's invalidations ----------------------------------------
 
@@ -437,68 +440,82 @@ def open_database(path=None, db=None, durability=None):
                              "durability is set where it runs (ackqueue server "
                              "--durability), an application database's by its storage")
     if db is not None:
-        if not isinstance(db, ZODB.DB):
-            raise TypeError(f"db= must be a ZODB.DB, not {type(db).__name__}")
-        key = ("db", id(db))
-        # A FileStorage is locked to one process and a MappingStorage lives in it, so what
-        # is in flight there at open belongs to no live holder.  Anything else (a ZEO
-        # client storage) may be shared with live processes.
-        exclusive = isinstance(db.storage, (FileStorage, MappingStorage))
+        return _app_database(db)
+    if path is None:
+        return _memory_database()
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path= must be a str or os.PathLike, not {type(path).__name__}")
+    path = os.fspath(path)
+    if path.startswith("zeo://"):
+        return _server_database(path)
+    return _file_database(os.path.realpath(path), durability)
 
-        def make():
-            check_format(db)
-            return Database(db, key=key, owned=False, exclusive=exclusive,
-                            description=f"db {db.database_name!r}")
-    elif path is not None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path= must be a str or os.PathLike, not {type(path).__name__}")
-        path = os.fspath(path)
-        if path.startswith("zeo://"):
-            addr, _ = parse_zeo_url(path)
-            key = ("zeo", addr)
 
-            def make():
-                db, options = _open_zeo(path)
-                try:
-                    check_format(db, f"the storage of server {path}")
-                    handle = Database(db, key=key, owned=True, exclusive=False,
-                                      description=f"server {path}",
-                                      lease_timeout=options.get("lease_timeout",
-                                                                DEFAULT_LEASE_TIMEOUT))
-                except BaseException:
-                    db.close()
-                    raise
-                db.storage.ackqueue_database = handle
-                return handle
-            return _shared_handle(key, make)
-        path = os.path.realpath(path)
-        key = ("file", path)
+def _app_database(db):
+    if not isinstance(db, ZODB.DB):
+        raise TypeError(f"db= must be a ZODB.DB, not {type(db).__name__}")
+    key = ("db", id(db))
+    # A FileStorage is locked to one process and a MappingStorage lives in it, so what is
+    # in flight there at open belongs to no live holder.  Anything else (a ZEO client
+    # storage) may be shared with live processes.
+    exclusive = isinstance(db.storage, (FileStorage, MappingStorage))
 
-        def make():
-            db = _open_file(path, durability or "fsync")
-            try:
-                check_format(db, f"queue file {path!r}")
-            except BaseException:
-                db.close()
-                raise
-            handle = Database(db, key=key, owned=True,
-                              exclusive=True, description=f"file {path!r}")
-            handle.durability = durability or "fsync"
-            return handle
-        handle = _shared_handle(key, make)
-        if durability is not None and handle.durability != durability:
-            handle._release()
-            raise ValueError(f"queue file {path!r} is already open in this process with "
-                             f"durability={handle.durability!r}")
-        return handle
-    else:
-        # Registered under its DB, so that AckQueue(db=q.db, name=...) opens another queue
-        # of the same in-memory storage (its dead-letter queue, say) through this handle.
-        memory_db = ZODB.DB(MappingStorage())
-        key = ("db", id(memory_db))
-        make = lambda: Database(memory_db, key=key, owned=True,  # noqa: E731
-                                exclusive=True, description="memory")
+    def make():
+        check_format(db)
+        return Database(db, key=key, owned=False, exclusive=exclusive,
+                        description=f"db {db.database_name!r}")
     return _shared_handle(key, make)
+
+
+def _memory_database():
+    # Registered under its DB, so that AckQueue(db=q.db, name=...) opens another queue of
+    # the same in-memory storage (its dead-letter queue, say) through this handle.
+    memory_db = ZODB.DB(MappingStorage())
+    key = ("db", id(memory_db))
+    return _shared_handle(key, lambda: Database(memory_db, key=key, owned=True,
+                                                exclusive=True, description="memory"))
+
+
+def _server_database(url):
+    addr, _ = parse_zeo_url(url)
+    key = ("zeo", addr)
+
+    def make():
+        db, options = _open_zeo(url)
+        try:
+            check_format(db, f"the storage of server {url}")
+            handle = Database(db, key=key, owned=True, exclusive=False,
+                              description=f"server {url}",
+                              lease_timeout=options.get("lease_timeout",
+                                                        DEFAULT_LEASE_TIMEOUT))
+        except BaseException:
+            db.close()
+            raise
+        db.storage.ackqueue_database = handle
+        return handle
+    return _shared_handle(key, make)
+
+
+def _file_database(path, durability):
+    key = ("file", path)
+
+    def make():
+        db = _open_file(path, durability or "fsync")
+        try:
+            check_format(db, f"queue file {path!r}")
+        except BaseException:
+            db.close()
+            raise
+        handle = Database(db, key=key, owned=True, exclusive=True,
+                          description=f"file {path!r}")
+        handle.durability = durability or "fsync"
+        return handle
+    handle = _shared_handle(key, make)
+    if durability is not None and handle.durability != durability:
+        handle._release()
+        raise ValueError(f"queue file {path!r} is already open in this process with "
+                         f"durability={handle.durability!r}")
+    return handle
 
 
 def check_format(db, where=None):

@@ -952,6 +952,21 @@ class ExpireLease(_Op):
         self.given_back = _give_back_unleased(root)
 
 
+def dead_lettered(msg, seq, source, at):
+    """How message seq of queue source (a Msg) reads once moved to a dead-letter queue
+    at time at: its history kept, its first sequence number and source queue recorded."""
+    return msg._replace(sequence=msg.sequence or seq, source=source,
+                        expires_at=at + DEAD_LETTER_RETENTION)
+
+
+def redriven(msg, seq, at):
+    """How dead letter seq (a Msg) reads once redriven at time at: a fresh receive count
+    and retention, its first sequence number kept."""
+    return msg._replace(receive_count=0, first_received=None, last_received=None,
+                        source=None, sequence=msg.sequence or seq,
+                        expires_at=at + DEFAULT_RETENTION)
+
+
 class DeadLetter(_Op):
     """A message received too many times leaves its queue: it moves to the queue named
     target (created if missing) with its history, or is dropped when target is None.
@@ -986,9 +1001,7 @@ class DeadLetter(_Op):
         target = ensure_queue(root, self.target, None)
         if self.target_seq is None:
             self.target_seq = target.next_seq.take()
-        target.move_in(self.target_seq, msg._replace(
-            sequence=msg.sequence or self.seq, source=self.name,
-            expires_at=self.at + DEAD_LETTER_RETENTION))
+        target.move_in(self.target_seq, dead_lettered(msg, self.seq, self.name, self.at))
 
 
 class Redrive(_Op):
@@ -1020,9 +1033,7 @@ class Redrive(_Op):
             target = ensure_queue(root, target_name, None)
             if target_seq is None:
                 target_seq = target.next_seq.take()
-            target.move_in(target_seq, msg._replace(
-                receive_count=0, first_received=None, last_received=None, source=None,
-                sequence=msg.sequence or seq, expires_at=self.at + DEFAULT_RETENTION))
+            target.move_in(target_seq, redriven(msg, seq, self.at))
             self.moved.append((seq, target_name, target_seq))
 
 

@@ -1,8 +1,8 @@
 """Floors: what a bare ZODB commit costs on this machine, measured with no ackqueue code.
 
 Every durable ackqueue operation is a ZODB commit, so none can be faster than a bare commit
-of one small object on the same storage.  run.py measures these floors at the start and at
-the end of every run and, next to each of issue 5's targets, reports the bound a floor
+of one small object on the same storage.  The runner measures these floors at the start and
+at the end of every run and, next to each of issue 5's targets, reports the bound a floor
 implies for it (``target_rows``):
 
 - (b) put, get, ack one at a time: the put and the ack each return only once committed

@@ -15,7 +15,7 @@ It does the least that a queue with durable puts and acks must do on a ZODB File
 What it leaves out is everything else ackqueue promises: no ready index, counters or
 sequence counter in the store (so reopening a file would need a full scan, and it never
 reopens one), no visibility deadlines, no give-back when a thread or process dies, no
-priorities, transactions, sharing, dead letters or bad-input handling.  benchmarks/run.py
+priorities, transactions, sharing, dead letters or bad-input handling.  The suite
 measures it side by side with the others in (a)-(e) as "ZODB lean (reference)": where even
 this misses a target, ZODB under CPython on this machine is what stands in the way, not
 ackqueue's features.

@@ -229,7 +229,7 @@ CONSUMER = """
         got.append(item)
         q.ack(item)
     state = q._state
-    print(json.dumps({"got": got, "lost": state.claims_lost,
+    print(json.dumps({"got": got, "lost": state.arbiter.claims_lost,
                       "conflicts": q._database.committer.conflicts,
                       "commits": q._database.committer.commits}), flush=True)
     q.close()
@@ -601,7 +601,7 @@ def test_a_wake_up_prefetches_only_for_getters_waiting_here(server, monkeypatch)
         getter.join(WAIT)
         assert got == ["first"]
         q.ack(got[0])
-        assert any(state.watch_oid in oids for oids in calls), \
+        assert any(state.arbiter.watch_oid in oids for oids in calls), \
             "the waiting getter's wake-up prefetched nothing"
 
         calls.clear()
@@ -647,7 +647,7 @@ def test_an_idle_producer_prefetches_what_it_wrote_and_a_consumer_nothing(server
             monkeypatch.setattr(database, "changed", lambda oids, tid=None: (
                 changed.append(oids), real_changed(oids, tid)))
             with state.mutex:
-                rec = state._record()
+                rec = state.arbiter.record()
                 counts, seq_counter, record = (rec.counts._p_oid, rec.next_seq._p_oid,
                                                rec._p_oid)
             probe = [counts, seq_counter, record]

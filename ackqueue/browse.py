@@ -1,0 +1,128 @@
+"""Browse a queue: every message with its state, read-only.
+
+``AckQueue.browse()`` (and ``QueueState.browse()`` for the service and the command line)
+iterates the messages of one queue from one consistent snapshot of the store, changing
+nothing: no receive is counted, nothing is claimed, expired or taken out.  Messages come in
+three groups, each in the order it leaves that state:
+
+1. ready, in delivery order (what successive gets would receive, as far as this snapshot
+   and this process know);
+2. delayed, by the time they become ready;
+3. in flight, by visibility deadline (held without one: last), with the deadline and the
+   receive count of the live delivery.
+
+It reads the store lazily, one message at a time, and lets ZODB's cache shed what it
+read, so browsing a queue of a million messages does not load them all into memory.  (For
+an AckPriorityQueue ordered by item value the order lives in memory already, and a
+snapshot of those keys is taken.)  In a process that holds its storage alone, deliveries
+are decided in memory and not written to the store, so the state's own holdings say what
+is in flight; through a server, the store's in-flight indexes say it for every process.
+"""
+import pickle
+from dataclasses import dataclass, field
+
+from . import store
+from .message import MessageId
+
+__all__ = ["BrowsedMessage", "browse", "READY", "DELAYED", "IN_FLIGHT"]
+
+READY, DELAYED, IN_FLIGHT = "ready", "delayed", "in_flight"
+GC_EVERY = 1024          # messages read between two trims of the snapshot's object cache
+
+
+@dataclass(frozen=True)
+class BrowsedMessage:
+    """One message as browse() found it.  ``body`` is the stored bytes (the pickled item),
+    ``item`` unpickles it on demand; ``state`` is READY, DELAYED or IN_FLIGHT;
+    ``visible_at`` (delayed) and ``deadline`` (in flight; None without a visibility
+    timeout) are clock times; ``age`` is seconds since the put."""
+
+    id: MessageId
+    state: str
+    body: bytes = field(repr=False)
+    priority: int
+    receive_count: int
+    sent_at: float
+    age: float
+    queue: str
+    attributes: dict = field(default_factory=dict)
+    visible_at: object = None
+    deadline: object = None
+    expires_at: object = None
+    first_received: object = None
+    last_received: object = None
+    sequence_number: int = None
+    dead_letter_source: object = None
+
+    @property
+    def item(self):
+        return pickle.loads(self.body)
+
+
+def browse(state):
+    """Yield a BrowsedMessage for every message of state's queue (see the module
+    docstring).  The snapshot stays open until the iterator is exhausted or closed."""
+    tm, conn = state.snapshot()
+    try:
+        rec = conn.root()[store.ROOT_KEY].queues[state.name]
+        now = state.clock()
+        with state.mutex:
+            held = {seq: (h.deadline, h.receive_count) for seq, h in state.inflight.items()}
+        inflight = _in_flight(rec, held)
+        count = 0
+        for group in (_ready(state, rec, inflight), _delayed(rec, inflight),
+                      _held(inflight)):
+            for seq, what, when, receive_count in group:
+                msg = rec.messages.get(seq)
+                if msg is None:
+                    continue              # acknowledged or moved since the index was read
+                yield _browsed(state.name, rec, seq, msg, what, when, receive_count, now)
+                count += 1
+                if count % GC_EVERY == 0:
+                    conn.cacheGC()
+    finally:
+        tm.abort()
+        conn.close()
+
+
+def _in_flight(rec, held):
+    """seq -> (deadline or None, receive count or None) of every message in flight: this
+    process's holdings, and what the store has in flight (claims written by a dead-letter
+    policy here, every process's claims through a server)."""
+    found = {seq: (deadline or None, None) for seq, deadline in rec.inflight.items()}
+    for _lease, seq, deadline in rec.leased_items():
+        found[seq] = (deadline, None)
+    found.update(held)
+    return found
+
+
+def _ready(state, rec, inflight):
+    for seq in state.arbiter.ready_order(rec):
+        if seq not in inflight:
+            yield seq, READY, None, None
+
+
+def _delayed(rec, inflight):
+    for visible_at, seq in sorted((t, seq) for seq, t in rec.delayed.items()):
+        if seq not in inflight:
+            yield seq, DELAYED, visible_at, None
+
+
+def _held(inflight):
+    def order(entry):
+        seq, (deadline, _) = entry
+        return (deadline is None, deadline or 0.0, seq)
+
+    for seq, (deadline, receive_count) in sorted(inflight.items(), key=order):
+        yield seq, IN_FLIGHT, deadline, receive_count
+
+
+def _browsed(name, rec, seq, msg, what, when, receive_count, now):
+    return BrowsedMessage(
+        MessageId(seq), what, rec.body_of(seq, msg), msg.priority,
+        msg.receive_count if receive_count is None else receive_count, msg.sent_at,
+        max(0.0, now - msg.sent_at), name, dict(msg.attributes or ()),
+        visible_at=when if what == DELAYED else None,
+        deadline=when if what == IN_FLIGHT else None, expires_at=msg.expires_at,
+        first_received=msg.first_received, last_received=msg.last_received,
+        sequence_number=msg.sequence or seq, dead_letter_source=msg.source)

@@ -1,0 +1,17 @@
+"""ackqueue's side-by-side benchmark suite (issue 5): a package run as ``python -m
+benchmarks`` from the repository root (see benchmarks/README.md).
+
+Layout:
+
+- ``runner``: the command line; picks scenarios and contenders, runs them, writes results.
+- ``contenders/``: one adapter module per queue library and the registry
+  (``contenders/__init__.py``) that names them; ``contenders/base.py`` documents what an
+  adapter must do.
+- ``scenarios/``: one module per scenario, (a)-(g), and their registry.
+- ``children``: the helper processes of (e) across processes, (f) and (g).
+- ``machine``: machine info, the git state of the code under test, the fsync probe.
+- ``report/``: results.md, results.json and results.png.
+- ``floors`` and ``lean``: bare ZODB commits, and the lean ZODB queue (references).
+
+Nothing here is a test: no number is asserted, and tests/ does not import this package.
+"""

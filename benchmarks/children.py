@@ -1,0 +1,169 @@
+"""The helper processes of (e) across processes, (f) and (g).
+
+Every child is ``python -m benchmarks --child TASK ARGS...`` run from the repository root.
+It reports JSON lines on stdout; the children of (e) across processes and (g) also read a
+"go" line on stdin and write their stderr to a file in the run's directory.  The tasks
+live with their scenario (scenarios/f_scale.py, e_xproc.py, g_processes.py); child_main
+dispatches to them.
+"""
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from benchmarks.common import REPO, Timeout
+
+
+def child_command(*argv):
+    return [sys.executable, "-m", "benchmarks", "--child", *map(str, argv)]
+
+
+def child_main(argv):
+    """Entry point of every helper process (python -m benchmarks --child TASK ...)."""
+    # The children of benchmarks/run.py imported lean.py (so ZODB) before measuring
+    # anything; kept, so that the RSS figures of (f) stay comparable with earlier runs.
+    from benchmarks import lean  # noqa: F401
+    from benchmarks.scenarios import e_xproc, f_scale, g_processes
+    tasks = {"fill": f_scale.child_fill, "open": f_scale.child_open,
+             "xwake": e_xproc.child_xwake, "gprod": g_processes.child_producer,
+             "gcons": g_processes.child_consumer, "gdrain": g_processes.child_drain}
+    task = tasks.get(argv[0])
+    if task is None:
+        raise SystemExit(f"unknown child task {argv[0]!r}")
+    task(*argv[1:])
+
+
+def report(**kw):
+    """One JSON report line on stdout (a child's only way to talk to its parent)."""
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+
+
+# --- (f): children that report once and exit ------------------------------------------
+
+
+def spawn_child(*argv):
+    return subprocess.Popen(child_command(*argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def read_report(proc, timeout):
+    """The next JSON report line of a child (raises with its stderr if it died)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        line = proc.stdout.readline()
+        if line:
+            line = line.strip()
+            if line.startswith("{"):
+                return json.loads(line)
+            continue
+        if proc.poll() is not None or time.monotonic() > deadline:
+            err = proc.stderr.read()[-2000:] if proc.stderr else ""
+            raise RuntimeError(f"child exited ({proc.returncode}) without a report: {err}")
+
+
+def run_child(*argv, timeout=1800):
+    proc = spawn_child(*argv)
+    try:
+        rep = read_report(proc, timeout)
+        proc.wait(timeout)
+        return rep
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# --- (e) across processes and (g): children that talk in both directions --------------
+
+
+class ChildError(RuntimeError):
+    """A child process reported an error (its traceback is kept for results.json)."""
+
+    def __init__(self, message, child_traceback=None):
+        super().__init__(message)
+        self.child_traceback = child_traceback
+
+
+class Child:
+    """python -m benchmarks --child TASK ...: JSON lines on its stdout, "go" on its stdin,
+    stderr into a file in the run's directory (shown when the child fails)."""
+
+    def __init__(self, directory, name, *argv):
+        self.name = name
+        self.err_path = os.path.join(directory, f"{name}.stderr")
+        self.err = open(self.err_path, "wb")
+        self.proc = subprocess.Popen(
+            child_command(*argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.err, cwd=REPO, bufsize=0)
+        self._buf = b""
+
+    def stderr_tail(self, chars=1500):
+        try:
+            with open(self.err_path, encoding="utf-8", errors="replace") as f:
+                return f.read()[-chars:]
+        except OSError:
+            return ""
+
+    def _read_line(self, event, timeout, progress):
+        """Read until self._buf holds a whole line (see expect)."""
+        deadline = time.monotonic() + timeout
+        last = progress() if progress else None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if progress is not None:
+                now = progress()
+                if now != last:
+                    last, deadline = now, time.monotonic() + timeout
+                    left = timeout
+            if left <= 0:
+                raise Timeout(f"{self.name}: no {event!r} report within {timeout:g}s"
+                              + (" of its last progress" if progress else ""))
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                code = self.proc.wait()
+                raise RuntimeError(f"{self.name} exited ({code}) before its {event!r} "
+                                   f"report: {self.stderr_tail()}")
+            self._buf += chunk
+
+    def expect(self, event, timeout, progress=None):
+        """The child's next report; it must be `event` (an "error" report raises).  With
+        progress (a callable), timeout counts from the last change of progress()."""
+        self._read_line(event, timeout, progress)
+        line, self._buf = self._buf.split(b"\n", 1)
+        rep = json.loads(line)
+        if rep.get("event") == "error":
+            raise ChildError(f"{self.name}: {rep.get('error')}", rep.get("traceback"))
+        if rep.get("event") != event:
+            raise RuntimeError(f"{self.name}: expected {event!r}, got {rep!r}")
+        return rep
+
+    def send(self, text):
+        self.proc.stdin.write(text.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def finish(self, timeout=60):
+        """Wait for the exit (SIGKILL after timeout); return the exit code."""
+        try:
+            self.proc.stdin.close()
+        except Exception:   # noqa: BLE001
+            pass
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            code = f"SIGKILLed: no exit {timeout}s after its last report"
+        for f in (self.proc.stdout, self.err):
+            try:
+                f.close()
+            except Exception:   # noqa: BLE001
+                pass
+        return code

@@ -1,0 +1,80 @@
+"""The contenders: one adapter module per queue library, and the registry below.
+
+To add a contender (a queue service over HTTP, a remote drop-in, ...):
+
+1. write ``benchmarks/contenders/NAME.py`` with an ``Adapter`` subclass and a
+   ``Contender(id, label, make, durability)`` entry (see ``base.py`` for the protocol;
+   import the library inside the adapter, not at module level);
+2. add its entry to ``_contenders()`` below.  If several processes can share it, also give
+   the module a ``SharedContender`` and add it to ``_shared()``, in the order its rows
+   should appear in (e) across processes and (g).
+
+Everything else (the command line's --contender ids, the tables, the chart) follows.
+"""
+from benchmarks.contenders import ackqueue, lean, litequeue, persist_queue, stdlib, zeo
+from benchmarks.contenders.base import Adapter, Contender, SharedContender  # noqa: F401
+
+
+def _contenders():
+    """Every contender of (a)-(e), in the order of the tables (and of each repetition)."""
+    return [
+        stdlib.CONTENDER,
+        persist_queue.CONTENDER,
+        litequeue.CONTENDER,
+        ackqueue.FSYNC,
+        lean.CONTENDER,
+        ackqueue.MEMORY,
+        ackqueue.OS,              # measured once AckQueue has durability= (issue 5)
+        zeo.CONTENDER,
+    ]
+
+
+def _shared():
+    """Every way several processes share a queue, for (e) across processes and (g)."""
+    return [
+        zeo.SHARED,
+        *persist_queue.shared_contenders(),
+        *litequeue.shared_contenders(),
+    ]
+
+
+def all_ids():
+    """The ids the command line accepts (both registries; without checking availability)."""
+    ids = []
+    for c in _contenders() + _shared():
+        if c.id not in ids:
+            ids.append(c.id)
+    return ids
+
+
+ALIASES = {"queue.Queue": "stdlib"}
+
+
+def _wanted(c, keep):
+    return c.id in keep or c.label in keep
+
+
+def select(names=None):
+    """(contenders, shared contenders) to run: all available ones, or those whose id (or
+    label, as the old --contenders took) is in names.  Raises ValueError on unknown names."""
+    contenders = [c for c in _contenders() if c.available is None or c.available()]
+    shared = _shared()
+    if not names:
+        return contenders, shared
+    keep = {ALIASES.get(n, n) for n in names}
+    known = set(all_ids()) | {c.label for c in _contenders() + shared}
+    unknown = sorted(n for n in keep if n not in known)
+    if unknown:
+        raise ValueError(f"unknown contender(s) {unknown}; choose from {all_ids()}")
+    return ([c for c in contenders if _wanted(c, keep)],
+            [c for c in shared if _wanted(c, keep)])
+
+
+def by_id(contender_id):
+    """The Contender with this id (for the child processes of (f))."""
+    return next(c for c in _contenders() if c.id == contender_id)
+
+
+def shared_by_id(contender_id):
+    """The SharedContender with this id (for the child processes of (e) and (g))."""
+    return next(c for c in _shared() if c.id == contender_id)

@@ -1,0 +1,55 @@
+"""The lean ZODB queue (benchmarks/lean.py): what ZODB allows, a reference, not a product."""
+import os
+
+from benchmarks.common import LEAN, Timeout
+from benchmarks.contenders.base import Adapter, Contender
+
+
+class LeanZodbAdapter(Adapter):
+    """benchmarks/lean.py's LeanZodbQueue on a FileStorage (every commit fsync'd): the
+    least a durable ack queue on ZODB does, as a reference for ackqueue."""
+
+    batch_method = "put_many(items) (one commit), get_many(100), ack_many(items) (one commit)"
+
+    def __init__(self, directory):
+        from benchmarks import lean
+        self.q = lean.LeanZodbQueue(os.path.join(directory, "lean.fs"))
+
+    def put(self, item):
+        self.q.put(item)
+
+    def get(self, timeout):
+        return self.q.get(timeout)
+
+    def item(self, handle):
+        return handle[1]
+
+    def ack(self, handle):
+        self.q.ack(handle)
+
+    def put_batch(self, items):
+        self.q.put_many(items)
+
+    def get_ack_batch(self, n, timeout):
+        got = []
+        while len(got) < n:
+            more = self.q.get_many(n - len(got), timeout)
+            if not more:
+                raise Timeout(f"batch get: queue empty after {timeout}s")
+            got.extend(more)
+        self.q.ack_many(got)
+        return got
+
+    def diagnostics(self):
+        return {"commits": self.q.commits, "units": self.q.units}
+
+    def close(self):
+        self.q.close()
+
+
+CONTENDER = Contender(
+    "lean", LEAN, LeanZodbAdapter,
+    "ZODB FileStorage: every commit fsync'd; benchmarks/lean.py, the least a "
+    "durable ack queue on ZODB does (no ready index, counters, deadlines, "
+    "give-back, ...): a reference for what ZODB allows, not a product",
+    family="lean")

@@ -1,0 +1,127 @@
+"""ackqueue through a queue server: `ackqueue server` on loopback, AckQueue("zeo://...")."""
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from benchmarks.common import REPO, SHARED_QUEUE_NAME
+from benchmarks.contenders.ackqueue import AckQueueAdapter
+from benchmarks.contenders.base import Contender, SharedContender
+
+SERVER_START_TIMEOUT = 60             # failure bounds only
+SERVER_STOP_TIMEOUT = 60
+ZEO_COUNTS = {"n": 500, "batch_n": 1000}     # full-run counts of "ackqueue (zeo)" in (a)-(d)
+
+
+def ackqueue_command():
+    """The ackqueue console script installed beside this Python (or python -m ackqueue)."""
+    script = os.path.join(os.path.dirname(sys.executable), "ackqueue")
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "ackqueue"]
+
+
+class ZeoServer:
+    """`ackqueue server DIR/shared.fs --listen 127.0.0.1:0` in a child process; the URL is
+    parsed from the one line it prints; its stderr (logging) goes to DIR/server.log."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, "shared.fs")
+        self.log_path = os.path.join(directory, "server.log")
+        self.log = open(self.log_path, "ab")
+        t = time.perf_counter()
+        self.proc = subprocess.Popen(
+            ackqueue_command() + ["server", self.path, "--listen", "127.0.0.1:0"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            cwd=REPO)
+        ready, _, _ = select.select([self.proc.stdout], [], [], SERVER_START_TIMEOUT)
+        line = self.proc.stdout.readline() if ready else ""
+        found = re.search(r"zeo://[\w.\-]+:\d+", line)
+        if not found:
+            self.stop()
+            raise RuntimeError(f"ackqueue server did not start: {line!r}; log: "
+                               f"{self.log_tail()}")
+        self.url = found.group(0)
+        self.start_s = time.perf_counter() - t
+
+    def log_tail(self, chars=1500):
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()[-chars:]
+        except OSError:
+            return ""
+
+    def log_lines(self, pattern):
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return []
+        return [line for line in lines if re.search(pattern, line)]
+
+    def stop(self):
+        """SIGTERM, wait; returns {"exit_code", "log_problems"} (never raises)."""
+        code = self.proc.poll()
+        if code is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                code = self.proc.wait(SERVER_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                code = f"no exit {SERVER_STOP_TIMEOUT}s after SIGTERM: SIGKILLed"
+        for f in (self.proc.stdout, self.log):
+            try:
+                f.close()
+            except Exception:   # noqa: BLE001
+                pass
+        errors = self.log_lines(r" (ERROR|CRITICAL) |Traceback")
+        warns = self.log_lines(r" WARNING ")
+        return {"exit_code": code, "log_errors": errors[:20], "log_error_count": len(errors),
+                "log_warnings": warns[:5], "log_warning_count": len(warns)}
+
+
+class ZeoAckQueueAdapter(AckQueueAdapter):
+    """ackqueue through a queue server: starts `ackqueue server` on a fresh file in the
+    run's directory, opens AckQueue(path="zeo://127.0.0.1:PORT", name=...), and stops the
+    server (SIGTERM) after closing the queue.  The server's start is not timed."""
+
+    def __init__(self, directory, **options):
+        self.server = ZeoServer(directory)
+        self.server_report = None
+        try:
+            super().__init__(directory, url=self.server.url, **options)
+        except BaseException:
+            self.server_report = self.server.stop()
+            raise
+
+    def close(self):
+        try:
+            super().close()
+        finally:
+            self.server_report = self.server.stop()
+
+
+def start_server(directory):
+    """provision() across processes: one server per run, on a fresh file."""
+    server = ZeoServer(directory)
+    return server.url, server
+
+
+# Shared queues (issue 3): every run starts its own `ackqueue server` on a fresh file.
+# One-item commits through ZEO run at a few hundred per second here, so this contender
+# gets smaller counts in (a)-(d) (ZEO_COUNTS; the table shows each contender's N).
+CONTENDER = Contender(
+    "ackqueue-zeo", "ackqueue (zeo)", ZeoAckQueueAdapter,
+    "ZEO: one `ackqueue server` (ZODB FileStorage, every commit fsync'd by the server) "
+    "on loopback, started per run on a fresh file; the client opens "
+    "AckQueue(path='zeo://127.0.0.1:PORT'); put and ack return once the server has "
+    "committed", family="ackqueue", counts=ZEO_COUNTS)
+
+SHARED = SharedContender(
+    "ackqueue-zeo", "ackqueue (zeo)", "ackqueue", "blocking",
+    "one `ackqueue server` per run on a fresh file; every process opens "
+    f"AckQueue(path='zeo://127.0.0.1:PORT', name={SHARED_QUEUE_NAME!r}); get() "
+    "blocks and is woken by the server's invalidations",
+    start_server, lambda location, mode: AckQueueAdapter(None, url=location))

@@ -1,0 +1,254 @@
+"""The queue's public seams for the rooms that attach to it (the service, the CLI, Spark):
+the non-blocking claim with its readiness notification, and the read-only browse.
+
+Each runs on a real storage: in memory, on a file, and (where it matters) through a real
+server started with the console script.  Time is injected (a fake clock) instead of slept.
+"""
+import asyncio
+import threading
+
+import pytest
+
+from ackqueue import (AckLifoQueue, AckPriorityQueue, AckQueue, BrowsedMessage, Empty,
+                      MessageId)
+from ackqueue.browse import DELAYED, IN_FLIGHT, READY
+
+from zeo_server import Server, kill, read_line, spawn
+
+WAIT = 30
+
+
+class FakeClock:
+    def __init__(self, now=1_000_000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture(params=["memory", "file"])
+def where(request, tmp_path):
+    return None if request.param == "memory" else str(tmp_path / "q.fs")
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
+    yield srv
+    srv.stop()
+
+
+# -- non-blocking claim and readiness ------------------------------------------------------
+
+def test_a_listener_hears_puts_give_backs_and_delays_coming_due(where):
+    clock = FakeClock()
+    heard = []
+    with AckQueue(path=where, clock=clock) as q:
+        q.add_ready_listener(heard.append)
+        with pytest.raises(Empty):
+            q.get_nowait()
+        assert q.next_ready_at() is None
+        q.put("now")
+        assert heard == [q.name]
+        q.put("later", delay=10)
+        assert len(heard) == 1, "a delayed put is not ready yet"
+        assert q.next_ready_at() == clock.now + 10
+        m = q.get_message(block=False, visibility_timeout=5)
+        assert m.body == "now"
+        assert q.next_ready_at() == clock.now + 5, "the in-flight deadline comes first"
+        q.nack(m)
+        assert len(heard) == 2
+        assert q.get_nowait() == "now"
+        q.task_done()
+        clock.now += 10
+        assert q.qsize() == 1             # the due delayed message is made ready ...
+        assert len(heard) == 3            # ... and the listener told
+        q.remove_ready_listener(heard.append)
+        q.put("unheard")
+        assert len(heard) == 3
+
+
+def test_an_event_loop_waits_for_messages_without_a_thread_per_waiter(where):
+    """200 coroutines wait for messages on one loop; one listener bridges the queue's
+    readiness into the loop, and each waiter takes its message with get_nowait."""
+    async def main(q):
+        loop = asyncio.get_running_loop()
+        events = set()                    # one per waiting coroutine
+
+        def wake():
+            for event in events:
+                event.set()
+
+        def listener(name):
+            loop.call_soon_threadsafe(wake)
+
+        q.add_ready_listener(listener)
+
+        async def waiter():
+            event = asyncio.Event()
+            events.add(event)
+            try:
+                while True:
+                    event.clear()
+                    try:
+                        return q.get_nowait()
+                    except Empty:
+                        await asyncio.wait_for(event.wait(), WAIT)
+            finally:
+                events.discard(event)
+
+        threads_before = threading.active_count()
+        waiters = [asyncio.ensure_future(waiter()) for _ in range(200)]
+        await asyncio.sleep(0.05)
+        assert threading.active_count() == threads_before
+        producer = threading.Thread(target=lambda: [q.put(n) for n in range(200)])
+        producer.start()
+        got = await asyncio.wait_for(asyncio.gather(*waiters), WAIT)
+        producer.join()
+        q.remove_ready_listener(listener)
+        return got
+
+    with AckQueue(path=where) as q:
+        assert sorted(asyncio.run(main(q))) == list(range(200))
+
+
+def test_through_a_server_another_processs_put_reaches_the_listener(server):
+    heard = threading.Event()
+    with AckQueue(path=server.url, name="jobs") as q, \
+            AckQueue(path=server.url, name="jobs") as same_process:
+        q.add_ready_listener(lambda name: heard.set())
+        with pytest.raises(Empty):
+            q.get_nowait()
+        child = spawn("""
+            import sys
+            from ackqueue import AckQueue
+            with AckQueue(path=sys.argv[1], name="jobs") as q:
+                q.put("from afar")
+            print("put", flush=True)
+            """, server.url)
+        assert read_line(child) == "put"
+        child.wait(WAIT)
+        assert heard.wait(WAIT)
+        assert same_process.get(timeout=WAIT) == "from afar"
+
+
+# -- browse ----------------------------------------------------------------------------------
+
+def states(q):
+    return [(m.state, m.item) for m in q.browse()]
+
+
+def test_browse_lists_every_message_with_its_state_and_changes_nothing(where):
+    clock = FakeClock()
+    with AckQueue(path=where, clock=clock) as q:
+        q.put("a", attributes={"k": "v"})
+        q.put("b")
+        q.put("c", priority=500)
+        q.put("d", delay=30)
+        held = q.get_message(visibility_timeout=60)   # "c": the highest priority
+        clock.now += 5
+        before = q.counts()
+        found = list(q.browse())
+        assert all(isinstance(m, BrowsedMessage) for m in found)
+        assert [(m.state, m.item) for m in found] == [
+            (READY, "a"), (READY, "b"), (DELAYED, "d"), (IN_FLIGHT, "c")]
+        a, _, d, c = found
+        assert a.attributes == {"k": "v"} and a.receive_count == 0 and a.age == 5
+        assert a.id == MessageId(1) and a.deadline is None and a.visible_at is None
+        assert d.visible_at == clock.now - 5 + 30
+        assert c.deadline == held.deadline and c.receive_count == 1 and c.priority == 500
+        assert q.counts() == before, "browse changes nothing"
+        assert q.get() == "a" and q.peek().body == "b"
+        assert q.get_message().receive_count == 1, "browse counted no receive"
+
+
+@pytest.mark.parametrize("cls, items, order", [
+    (AckLifoQueue, [1, 2, 3], [3, 2, 1]),
+    (AckPriorityQueue, [5, 1, 3], [1, 3, 5]),
+])
+def test_browse_follows_each_kinds_delivery_order(where, cls, items, order):
+    with cls(path=where) as q:
+        for item in items:
+            q.put(item)
+        assert [m.item for m in q.browse()] == order
+        assert [q.get() for _ in items] == order
+
+
+def test_browse_reads_a_large_queue_one_message_at_a_time(tmp_path):
+    path = str(tmp_path / "big.fs")
+    with AckQueue(path=path) as q:
+        for start in range(0, 5000, 500):
+            q.put_many(range(start, start + 500))
+    with AckQueue(path=path) as q:
+        it = q.browse()
+        first = [next(it).item for _ in range(3)]
+        assert first == [0, 1, 2]
+        it.close()                        # an abandoned browse lets its snapshot go
+        assert sum(1 for _ in q.browse()) == 5000
+        assert q.qsize() == 5000
+
+
+def test_browse_through_a_server_shows_every_processs_deliveries(server):
+    with AckQueue(path=server.url) as q:
+        q.put_many(["x", "y", "z"])
+        child = spawn("""
+            import sys, time
+            from ackqueue import AckQueue
+            q = AckQueue(path=sys.argv[1])
+            print(q.get(visibility_timeout=300), flush=True)
+            time.sleep(600)
+            """, server.url)
+        assert read_line(child) == "x"
+        kill(child)                       # SIGKILL: "x" stays in flight under its lease
+        assert states(q) == [(READY, "y"), (READY, "z"), (IN_FLIGHT, "x")]
+        held = q.get_message(visibility_timeout=60)
+        assert held.body == "y"
+        found = list(q.browse())
+        assert [(m.state, m.item) for m in found] == [
+            (READY, "z"), (IN_FLIGHT, "y"), (IN_FLIGHT, "x")]
+        assert found[1].deadline == held.deadline
+
+
+# -- a connection that belongs to no thread ----------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_connection_bound_to_no_thread_holds_across_threads_until_closed(where):
+    clock = FakeClock()
+    with AckQueue(path=where, clock=clock) as q:
+        q.put_many(["a", "b", "c"])
+        conn = q.connect(thread_bound=False)
+        got = {}
+
+        def receive():
+            got["a"] = conn.get_message()
+            got["b"] = conn.get_message(visibility_timeout=10)
+            raise RuntimeError("the thread that received them dies")
+
+        worker = threading.Thread(target=receive)
+        worker.start()
+        worker.join()
+        assert q.get_nowait() == "c"          # "a" and "b" stay held by the connection
+        q.task_done()
+        clock.now += 11                       # "b"'s deadline passes: only "b" comes back
+        assert q.get_nowait() == "b"
+        q.task_done()
+        conn.ack(got["a"])                    # acked from another thread than its receiver
+        q.put("d")
+        held = conn.get_message()
+        conn.close()                          # closing gives back what it still holds
+        assert q.get_nowait() == held.body == "d"
+        q.task_done()
+        assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+
+
+def test_a_thread_bound_connection_refuses_other_threads(where):
+    with AckQueue(path=where) as q:
+        conn = q.connect()
+        errors = []
+        t = threading.Thread(target=lambda: errors.append(
+            pytest.raises(Exception, conn.get, block=False).value))
+        t.start()
+        t.join()
+        assert "belongs to another thread" in str(errors[0])
+        with pytest.raises(TypeError):
+            q.connect(thread_bound="no")
