@@ -13,7 +13,7 @@ from .browse import BrowsedMessage
 from .connection import QueueConnection
 from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotAQueueFile, NotHeld,
                      QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
-                     StorageError, UnpicklableItem)
+                     StorageError, UnpicklableItem, UnsupportedFormat)
 from .message import Message, MessageId
 from .queue import AckLifoQueue, AckPriorityQueue, AckQueue, queues
 
@@ -23,5 +23,6 @@ __all__ = [
     "AckQueue", "AckLifoQueue", "AckPriorityQueue", "QueueConnection", "Message",
     "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
-    "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "queues", "BrowsedMessage",
+    "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "queues",
+    "BrowsedMessage",
 ]

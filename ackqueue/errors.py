@@ -5,7 +5,7 @@ import queue as _stdlib_queue
 __all__ = [
     "AckQueueError", "ShutDown", "StaleAck", "NotHeld", "UnpicklableItem",
     "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch", "ServerUnavailable",
-    "Refused", "DuplicateMessage", "ItemTooLarge",
+    "Refused", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat",
 ]
 
 
@@ -70,6 +70,20 @@ class QueueLocked(StorageError):
 
 class NotAQueueFile(StorageError):
     """The path names a file that is not a ZODB FileStorage."""
+
+
+class UnsupportedFormat(StorageError):
+    """The storage was written in a store format this ackqueue cannot read: a newer one
+    (upgrade ackqueue), or an older one it has no migration for.  Nothing was written to it.
+
+    found is the storage's format version, supported the one this ackqueue reads and
+    writes (ackqueue.store.FORMAT), where names the storage (a file by its path)."""
+
+    def __init__(self, message, found=None, supported=None, where=None):
+        super().__init__(message)
+        self.found = found
+        self.supported = supported
+        self.where = where
 
 
 class QueueKindMismatch(StorageError, ValueError):

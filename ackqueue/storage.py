@@ -16,6 +16,7 @@ those getters are about to read, or, in an idle producer, what its next put will
 """
 import atexit
 import collections
+import itertools
 import logging
 import os
 import queue as _queue
@@ -23,6 +24,7 @@ import threading
 from time import monotonic as _monotonic
 from urllib.parse import parse_qs, urlsplit
 
+import transaction
 import ZODB
 import zc.lockfile
 from ZEO.ClientStorage import ClientStorage
@@ -33,13 +35,15 @@ from ZODB.MappingStorage import MappingStorage
 from ZODB.POSException import ConflictError
 from ZODB.utils import p64, u64
 
+from . import store
 from .commit import Committer
 from .errors import NotAQueueFile, QueueLocked, ServerUnavailable, StorageError
 from .lease import DEFAULT_LEASE_TIMEOUT, LeaseKeeper
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Database", "open_database", "open_file_storage", "parse_zeo_url", "prefetch"]
+__all__ = ["Database", "open_database", "open_file_storage", "parse_zeo_url", "prefetch",
+           "check_format"]
 
 PREFETCH_MAX = 64   # objects changed by another process's commit that a wake-up prefetches
 WRITTEN_KEPT = 256  # objects this process wrote lately, remembered for the warm prefetch
@@ -455,9 +459,12 @@ def _app_database(db):
     # in flight there at open belongs to no live holder.  Anything else (a ZEO client
     # storage) may be shared with live processes.
     exclusive = isinstance(db.storage, (FileStorage, MappingStorage))
-    return _shared_handle(key, lambda: Database(
-        db, key=key, owned=False, exclusive=exclusive,
-        description=f"db {db.database_name!r}"))
+
+    def make():
+        check_format(db)
+        return Database(db, key=key, owned=False, exclusive=exclusive,
+                        description=f"db {db.database_name!r}")
+    return _shared_handle(key, make)
 
 
 def _memory_database():
@@ -476,6 +483,7 @@ def _server_database(url):
     def make():
         db, options = _open_zeo(url)
         try:
+            check_format(db, f"the storage of server {url}")
             handle = Database(db, key=key, owned=True, exclusive=False,
                               description=f"server {url}",
                               lease_timeout=options.get("lease_timeout",
@@ -492,8 +500,14 @@ def _file_database(path, durability):
     key = ("file", path)
 
     def make():
-        handle = Database(_open_file(path, durability or "fsync"), key=key, owned=True,
-                          exclusive=True, description=f"file {path!r}")
+        db = _open_file(path, durability or "fsync")
+        try:
+            check_format(db, f"queue file {path!r}")
+        except BaseException:
+            db.close()
+            raise
+        handle = Database(db, key=key, owned=True, exclusive=True,
+                          description=f"file {path!r}")
         handle.durability = durability or "fsync"
         return handle
     handle = _shared_handle(key, make)
@@ -502,6 +516,25 @@ def _file_database(path, durability):
         raise ValueError(f"queue file {path!r} is already open in this process with "
                          f"durability={handle.durability!r}")
     return handle
+
+
+def check_format(db, where=None):
+    """Refuse a storage written in a newer store format (UnsupportedFormat; nothing is
+    written), and migrate one of an older format, before anything else uses it: see
+    ackqueue.store.open_catalog.  Reads the catalog, and writes only to migrate."""
+    tm = transaction.TransactionManager()
+    conn = db.open(transaction_manager=tm)
+    try:
+        for attempt in itertools.count():
+            try:
+                with tm:
+                    store.open_catalog(conn.root(), where)
+                return
+            except ConflictError:       # another process migrated it meanwhile
+                if attempt >= 10:
+                    raise
+    finally:
+        conn.close()
 
 
 def _shared_handle(key, make):

@@ -53,6 +53,19 @@ apply, so a refused unit writes nothing.  Two flavours:
 
 Either can be applied by the committer (ackqueue.commit) or by an application's own
 connection inside its transaction (ackqueue.connection).
+
+The format contract:
+- FORMAT is the version of this layout that this code writes; the catalog records the
+  version of its storage (Catalog.format; every catalog ackqueue ever wrote has it).
+- A storage is opened through open_catalog(), at open (ackqueue.storage) and by
+  ensure_queue/ensure_leases: a catalog of a newer format is refused (UnsupportedFormat)
+  and nothing is written; one of an older format is migrated in the transaction that opens
+  it, by MIGRATIONS[v] for each version v up to FORMAT, and records FORMAT.
+- A change to this layout either still reads what older code wrote (as Counters,
+  SeqCounter and QueueRecord.upgrade() read the shapes of ackqueue 0.1, within format 1),
+  or bumps FORMAT and adds a migration, with a test in tests/test_format.py.
+- Persistent classes must not be moved or renamed; tests/test_format.py opens a file
+  written by format 1.
 """
 import pickle
 import time
@@ -64,7 +77,7 @@ from ZODB.POSException import ConflictError
 
 from .segments import KeySet, MessageIndex, Msg, SegmentedIndex
 
-from .errors import DuplicateMessage, Refused, StaleAck
+from .errors import DuplicateMessage, Refused, StaleAck, UnsupportedFormat
 
 __all__ = [
     "ROOT_KEY", "FORMAT", "KINDS", "PRIORITY_MAX", "DEFAULT_PRIORITY",
@@ -73,11 +86,20 @@ __all__ = [
     "Compact", "needs_compaction", "DeadLetter", "Redrive", "Expire", "Purge", "PruneDedup",
     "SetDeadline", "DEFAULT_RETENTION", "MAX_RETENTION", "DEFAULT_DEDUP_WINDOW",
     "RegisterLease", "Beat", "DropLease", "ExpireLease", "ClaimLost", "LeaseLost",
-    "ensure_queue", "ensure_leases", "apply_unit",
+    "ensure_queue", "ensure_leases", "apply_unit", "MIGRATIONS", "UNRECORDED_FORMAT",
+    "catalog_format", "open_catalog",
 ]
 
 ROOT_KEY = "ackqueue"
-FORMAT = 1
+FORMAT = 1          # the version of the layout this code writes (see "The format contract")
+# The format of a catalog that records none.  Catalog has recorded its format since the
+# first commit of ackqueue, so only a catalog made by other means lacks it; it is read
+# as format 1, the only layout it could have.
+UNRECORDED_FORMAT = 1
+# Migrations: MIGRATIONS[v](root) turns a storage of format v into format v + 1 (in the
+# transaction that opens it; open_catalog records the new version).  Bumping FORMAT means
+# adding MIGRATIONS[FORMAT - 1] and a test that a format-1 file still opens and drains.
+MIGRATIONS = {}
 
 FIFO, LIFO, VALUE = "fifo", "lifo", "value"
 KINDS = (FIFO, LIFO, VALUE)
@@ -459,10 +481,72 @@ class Catalog(Persistent):
         self.leases = OOBTree()
 
 
+def catalog_format(catalog):
+    """The format version a catalog records (UNRECORDED_FORMAT when it records none)."""
+    return getattr(catalog, "format", UNRECORDED_FORMAT)
+
+
+def open_catalog(root, where=None):
+    """The catalog of a storage (None if it has none yet), checked against FORMAT.
+
+    A catalog of a newer format raises UnsupportedFormat before anything is changed.  One
+    of an older format is migrated (MIGRATIONS, one version at a time) and records FORMAT:
+    the caller commits, so the migration is written with whatever the caller writes, or
+    not at all.  where names the storage in errors (by default, from the storage)."""
+    catalog = root.get(ROOT_KEY)
+    if catalog is None:
+        return None
+    found = catalog_format(catalog)     # loads the catalog, so __dict__ below is its state
+    if found == FORMAT and "format" in catalog.__dict__:
+        return catalog                  # the common case: current, and recorded
+    if not isinstance(found, int) or isinstance(found, bool):
+        raise UnsupportedFormat(
+            f"{where or _describe(root)} records ackqueue's store format as {found!r}, "
+            f"which this ackqueue ({_version()}, format {FORMAT}) does not recognise. "
+            "It was left as it is", found=found, supported=FORMAT,
+            where=where or _describe(root))
+    if found > FORMAT:
+        raise UnsupportedFormat(
+            f"{where or _describe(root)} is in ackqueue's store format {found!r}, which "
+            f"is newer than format {FORMAT}, the newest this ackqueue "
+            f"({_version()}) reads; upgrade ackqueue to open it. It was left as it is",
+            found=found, supported=FORMAT, where=where or _describe(root))
+    missing = [v for v in range(found, FORMAT) if v not in MIGRATIONS]
+    if missing:
+        raise UnsupportedFormat(
+            f"{where or _describe(root)} is in ackqueue's store format {found!r}, which "
+            f"this ackqueue ({_version()}, format {FORMAT}) cannot migrate (no "
+            f"migration from format {missing[0]}). It was left as it is",
+            found=found, supported=FORMAT, where=where or _describe(root))
+    for version in range(found, FORMAT):
+        MIGRATIONS[version](root)
+        catalog = root[ROOT_KEY]        # a migration may replace the catalog
+        catalog.format = version + 1
+    catalog.format = FORMAT             # also records the format of a catalog without one
+    return catalog
+
+
+def _describe(root):
+    """How errors name the storage root belongs to: a file by its path."""
+    jar = getattr(root, "_p_jar", None)
+    if jar is None:
+        return "the storage"
+    storage = jar.db().storage
+    path = getattr(storage, "_file_name", None)
+    if path is not None:
+        return f"queue file {path!r}"
+    return f"storage {storage.getName()!r}"
+
+
+def _version():
+    from . import __version__     # here: the package imports this module
+    return __version__
+
+
 def ensure_queue(root, name, kind):
     """The QueueRecord called name, created with kind (FIFO for None) if missing (the
-    caller commits)."""
-    catalog = root.get(ROOT_KEY)
+    caller commits).  Refuses a storage of a newer format (see open_catalog)."""
+    catalog = open_catalog(root)
     if catalog is None:
         catalog = root[ROOT_KEY] = Catalog()
     record = catalog.queues.get(name)
@@ -473,8 +557,9 @@ def ensure_queue(root, name, kind):
 
 
 def ensure_leases(root):
-    """The catalog's lease table, created if missing (catalogs older than leases)."""
-    catalog = root.get(ROOT_KEY)
+    """The catalog's lease table, created if missing (catalogs older than leases).
+    Refuses a storage of a newer format (see open_catalog)."""
+    catalog = open_catalog(root)
     if catalog is None:
         catalog = root[ROOT_KEY] = Catalog()
     leases = getattr(catalog, "leases", None)
