@@ -438,12 +438,20 @@ class QueueRecord(Persistent):
         """Give back every message in flight (the process that held them is gone).
 
         Only for a storage this process holds alone: under a shared server other processes'
-        messages are in flight legitimately.  Returns how many were given back."""
+        messages are in flight legitimately.  That includes what processes held under
+        leases when the file was last served (their leases cannot be beaten any more).
+        Returns how many were given back."""
         seqs = list(self.inflight.keys())
         for seq in seqs:
             key = self.key_of(seq)
             del self.inflight[seq]
             self.ready.add(key)
+        leased = [seq for _lease, seq, _deadline in self.leased_items()]
+        for seq in leased:
+            key = self.key_of(seq)
+            self.unindex(seq, key)
+            self.ready.add(key)
+        seqs += leased
         if seqs:
             self.counts.add(inflight=-len(seqs), ready=len(seqs), recovered=len(seqs),
                             given_back=len(seqs))

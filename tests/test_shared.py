@@ -704,3 +704,29 @@ def test_a_purge_ends_every_processs_deliveries(server):
                 q.get(timeout=0.5)
     finally:
         kill(child)
+
+
+def test_a_file_once_served_gives_back_on_open_what_a_dead_process_held(server, tmp_path):
+    """A process that died holding a message under its lease, then the file opened by
+    path (no server any more): the message is ready again, not stuck in flight."""
+    child = spawn("""
+        import sys, time
+        from ackqueue import AckQueue
+        q = AckQueue(path=sys.argv[1])
+        print("holding", q.get(), flush=True)
+        time.sleep(600)
+    """, server.url)
+    try:
+        with AckQueue(path=server.url) as q:
+            q.put_many(["x", "y"])
+            assert read_line(child) == "holding x"
+    finally:
+        kill(child)                       # SIGKILL: "x" stays leased in the store
+    server.stop()
+    with AckQueue(path=server.path) as q:
+        assert q.counts() == {"ready": 2, "in_flight": 0, "delayed": 0}
+        m = q.get_message(block=False)
+        assert (m.body, m.receive_count) == ("x", 2)
+        assert q.get(block=False) == "y"
+        q.ack(m)
+        q.task_done()
