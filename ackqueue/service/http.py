@@ -23,7 +23,7 @@ from ackqueue import store
 from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 
-from .core import Service, check_client, check_name
+from .core import check_client, check_name
 
 __all__ = ["make_app", "FRAMES", "encode_frames", "decode_frames"]
 
@@ -293,6 +293,7 @@ class Api:
         return web.json_response({"status": "ok", "threads": threading.active_count(),
                                   "queues_open": len(self.service.queues),
                                   "clients": len(self.service.leases.sessions),
+                                  "long_polls": sum(len(w) for w in self.waiters.values()),
                                   "uptime": time.time() - self.started})
 
     async def openapi(self, request):

@@ -21,7 +21,7 @@ def _use_uvloop(choice):
     if choice == "asyncio":
         return False
     try:
-        import uvloop                                   # noqa: F401
+        import uvloop  # noqa: F401  (only whether it is installed)
     except ImportError:
         if choice == "uvloop":
             raise SystemExit("ackqueue serve: --loop uvloop, but uvloop is not installed "
