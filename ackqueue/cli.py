@@ -52,8 +52,9 @@ def main(argv=None):
                      help="the largest message body (default 1 MiB)")
     svc.add_argument("--threads", type=int, default=64,
                      help="thread pool for blocking queue calls (default 64)")
-    svc.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
-                     help="event loop (auto: uvloop when installed)")
+    svc.add_argument("--loop", choices=("asyncio", "uvloop", "auto"), default="asyncio",
+                     help="event loop (default asyncio; uvloop if installed, auto: uvloop "
+                          "when installed; see README for why asyncio is the default)")
     args = parser.parse_args(argv)
     if args.command == "serve":
         if not 0 <= args.port <= 65535:

@@ -21,7 +21,8 @@ def _use_uvloop(choice):
     if choice == "asyncio":
         return False
     try:
-        import uvloop  # noqa: F401  (only whether it is installed)
+        import importlib
+        importlib.import_module("uvloop")
     except ImportError:
         if choice == "uvloop":
             raise SystemExit("ackqueue serve: --loop uvloop, but uvloop is not installed "
@@ -61,7 +62,7 @@ async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
 
 def serve(path=None, host="127.0.0.1", port=DEFAULT_PORT, *, socket_path=None,
           durability="fsync", lease_timeout=30.0, pool_size=64, max_body=1 << 20,
-          loop="auto", shutdown_timeout=10.0, out=sys.stdout):
+          loop="asyncio", shutdown_timeout=10.0, out=sys.stdout):
     """Serve the queues of the file path (memory when None) until SIGTERM or SIGINT."""
     if path is not None:
         path = os.path.realpath(path)
