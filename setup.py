@@ -11,7 +11,8 @@ setup(
     install_requires=["ZODB>=5.8", "ZEO>=6", "persistent>=4.9", "transaction>=3.0",
                       "BTrees>=4.11"],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6"],
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "aiohttp>=3.9"],
+        "service": ["aiohttp>=3.9"],
         "bench": ["persist-queue>=1.0", "litequeue>=0.9", "matplotlib>=3.7", "psutil>=5.9"],
     },
     entry_points={"console_scripts": ["ackqueue=ackqueue.cli:main"]},

@@ -63,6 +63,15 @@ def dumps(item):
         ) from exc
 
 
+def _encoded_body(body):
+    """An already-encoded item for put_many(encoded=True): bytes as they will be stored."""
+    if isinstance(body, (bytearray, memoryview)):
+        body = bytes(body)
+    if not isinstance(body, bytes):
+        raise TypeError(f"an encoded item must be bytes, not {type(body).__name__}")
+    return body
+
+
 def check_item_sizes(pairs, limit):
     """Refuse a batch of (item, pickled body) pairs if a body is over limit bytes (None: no
     limit).  Called before anything is reserved or recorded, so a refusal changes nothing:
@@ -302,11 +311,22 @@ class QueueConnection:
         self.put_many([item], block, timeout, opts=opts, dedup_ids=[dedup_id])
 
     def put_many(self, items, block=True, timeout=None, *, opts=DEFAULT_PUT,
-                 dedup_ids=None):
+                 dedup_ids=None, encoded=False):
         """Put items in one commit; returns their MessageIds (None for ids a server gives
-        only when a transaction block commits)."""
+        only when a transaction block commits).
+
+        encoded=True: each item is already the bytes to store (e.g. pickle.dumps(x) sent
+        by a remote client); it is stored as given, never pickled nor unpickled here, and
+        a get returns what unpickling those bytes gives (or, with raw=True, the bytes)."""
         check_timeout(timeout)
-        pairs = [(item, dumps(item)) for item in items]
+        if encoded:
+            pairs = [(body, body) for body in map(_encoded_body, items)]
+            if self._state.kind == store.VALUE:
+                raise ValueError("a priority queue ordered by item value must unpickle its "
+                                 "items to order them; put encoded bodies in a FIFO or "
+                                 "LIFO queue")
+        else:
+            pairs = [(item, dumps(item)) for item in items]
         check_item_sizes(pairs, self._front.max_item_size)    # the bytes the store keeps
         if dedup_ids is None:
             dedup_ids = [None] * len(pairs)
@@ -356,20 +376,23 @@ class QueueConnection:
         return self._receive(block, timeout, visibility_timeout, shuffle, policy).item
 
     def get_message(self, block=True, timeout=None, *, visibility_timeout=DEFAULT,
-                    shuffle=False, policy=None):
-        """Like get(), but return a Message (id, body, receive_count, sent_at, deadline)."""
+                    shuffle=False, policy=None, raw=False):
+        """Like get(), but return a Message (id, body, receive_count, sent_at, deadline).
+        raw=True: the Message's body is the stored bytes, not unpickled."""
         return self._message(self._receive(block, timeout, visibility_timeout, shuffle,
-                                           policy))
+                                           policy, raw=raw))
 
     def get_many(self, n, block=True, timeout=None, *, visibility_timeout=DEFAULT,
-                 shuffle=False, policy=None, messages=False):
+                 shuffle=False, policy=None, messages=False, raw=False):
         """Receive 1 to n items: waits (as get does) for the first, then takes what else
-        is ready, up to n.  Their claims share one commit."""
+        is ready, up to n.  Their claims share one commit.  raw=True: each item (or
+        Message body) is the stored bytes, never unpickled (a server that hands bodies to
+        remote clients as opaque bytes)."""
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"n must be an int, not {type(n).__name__}")
         if n < 1:
             raise ValueError("n must be at least 1")
-        got = self._receive(block, timeout, visibility_timeout, shuffle, policy, n)
+        got = self._receive(block, timeout, visibility_timeout, shuffle, policy, n, raw=raw)
         return [self._message(h) for h in got] if messages else [h.item for h in got]
 
     def _message(self, h):
@@ -391,7 +414,8 @@ class QueueConnection:
                        dict(meta.attributes or ()), meta.first_received, meta.last_received,
                        meta.sequence or seq, meta.source)
 
-    def _receive(self, block, timeout, visibility_timeout, shuffle=False, policy=None, n=None):
+    def _receive(self, block, timeout, visibility_timeout, shuffle=False, policy=None, n=None,
+                 raw=False):
         """One Holding (n None), or a list of 1 to n (all claimed under one mutex)."""
         self._check_thread()
         check_timeout(timeout)
@@ -406,11 +430,13 @@ class QueueConnection:
                   policy=policy)
         claimed = self._state.claim(self._front, ask, block, timeout, n=n or 1)
         if n is None:
-            return self._hand_out(claimed, txn)
+            return self._hand_out(claimed, txn, raw)
+        if not isinstance(claimed, list):   # the state returns a lone Holding for n == 1
+            claimed = [claimed]
         got, unreadable = [], None
         for i, h in enumerate(claimed):
             try:
-                got.append(self._hand_out(h, txn))
+                got.append(self._hand_out(h, txn, raw))
             except _Unreadable as exc:    # set aside already; the batch goes on without it
                 log.warning("ackqueue: %s", exc)
                 unreadable = exc
@@ -423,10 +449,10 @@ class QueueConnection:
             raise unreadable
         return got
 
-    def _hand_out(self, h, txn):
+    def _hand_out(self, h, txn, raw=False):
         """Make a claimed Holding the caller's: its claim durable if a policy needs it, its
-        item unpickled (else _Unreadable, with the message set aside), and remembered for
-        the ack."""
+        item unpickled (else _Unreadable, with the message set aside; raw: the stored bytes
+        as they are), and remembered for the ack."""
         state = self._state
         if h.claim_ticket is not None:
             # A dead-letter policy counts crashes too: the receive is durable first.
@@ -436,7 +462,7 @@ class QueueConnection:
                 state.give_back(h, "its receive could not be recorded")
                 raise
         try:
-            h.item = pickle.loads(h.meta.body)
+            h.item = h.meta.body if raw else pickle.loads(h.meta.body)
         except Exception as exc:
             # Set aside for a while, so that the messages behind it are still delivered
             # (a process that has the item's class may read it later).

@@ -27,7 +27,12 @@ class Refused(AckQueueError):
 
 class DuplicateMessage(Refused):
     """put() with a dedup_id already used in the same queue within its dedup window (even if
-    that first message was acknowledged since).  Nothing was put."""
+    that first message was acknowledged since).  Nothing was put.
+
+    original_id: the id (int) of the message first put with that dedup id, or None when
+    the store does not know it (a file written before ackqueue recorded it)."""
+
+    original_id = None
 
 
 class NotHeld(AckQueueError, ValueError):

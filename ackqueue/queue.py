@@ -297,11 +297,16 @@ class AckQueue(_stdlib_queue.Queue):
                          dedup_id=_dedup_id(dedup_id))
 
     def put_many(self, items, block=True, timeout=None, *, priority=store.DEFAULT_PRIORITY,
-                 delay=0, retention=None, dedup_ids=None, attributes=None):
+                 delay=0, retention=None, dedup_ids=None, attributes=None, encoded=False):
         """Put every item of items in one commit (all or nothing) and return their
         MessageIds.  Options as put(), for every item; dedup_ids: None or one dedup id (or
         None) per item.  With maxsize, waits for room for all of them at once.  One item
-        over max_item_size refuses the whole batch (ItemTooLarge, with its index)."""
+        over max_item_size refuses the whole batch (ItemTooLarge, with its index).
+
+        encoded=True: every item is already its stored form, bytes (what pickle.dumps
+        gives, or any bytes a remote client sent): stored as given, without pickling; a
+        get unpickles it as usual, get_messages(raw=True) returns the bytes.  Not for a
+        priority queue ordered by item value (ValueError)."""
         items = list(items)
         if isinstance(dedup_ids, (str, bytes)):
             raise TypeError("dedup_ids must be a list with one dedup id (or None) per item")
@@ -313,7 +318,7 @@ class AckQueue(_stdlib_queue.Queue):
         return self._conn().put_many(
             items, block, timeout, opts=self._put_options(priority, delay, retention,
                                                           attributes),
-            dedup_ids=dedup_ids)
+            dedup_ids=dedup_ids, encoded=encoded)
 
     def _put_options(self, priority, delay, retention, attributes):
         return PutOptions(_priority(priority), _seconds(delay, "delay"),
@@ -342,10 +347,13 @@ class AckQueue(_stdlib_queue.Queue):
             visibility_timeout, shuffle, _UNSET, _UNSET))
 
     def get_messages(self, n, block=True, timeout=None, *, visibility_timeout=...,
-                     shuffle=False):
-        """Like get_many(), but return Messages."""
-        return self._conn().get_many(n, block, timeout, messages=True, **self._get_options(
-            visibility_timeout, shuffle, _UNSET, _UNSET))
+                     shuffle=False, raw=False):
+        """Like get_many(), but return Messages.  raw=True: each Message's body is the
+        stored bytes (the pickled item, or what put_many(encoded=True) stored), never
+        unpickled."""
+        return self._conn().get_many(n, block, timeout, messages=True, raw=raw,
+                                     **self._get_options(visibility_timeout, shuffle,
+                                                         _UNSET, _UNSET))
 
     def _get_options(self, visibility_timeout, shuffle, max_receives, dead_letter):
         if visibility_timeout is ...:

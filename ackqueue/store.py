@@ -12,6 +12,9 @@ Layout, under the database root::
                                 write the same in-flight bucket
         .delayed[seq]           time at which a given-back or delayed message becomes ready
         .dedup[dedup id]        until when a put with that id is refused as a duplicate
+        .dedup_ids[dedup id]    the id (seq) of the message put with it (files written
+                                before it existed have none: DuplicateMessage.original_id
+                                is then None)
         .next_seq               SeqCounter: the next sequence number (never reused)
         .counts                 Counters: ready/inflight/delayed sizes and lifetime totals
       .leases[lease id]         LeaseRecord: one per process using the storage through a server
@@ -251,6 +254,8 @@ class QueueRecord(Persistent):
 
     dedup = None        # OOBTree dedup id -> until when it refuses a put, made on first use
 
+    dedup_ids = None    # OOBTree dedup id -> seq of the message put with it (same lifetime)
+
     def __init__(self, name, kind):
         if kind not in KINDS:
             raise ValueError(f"unknown queue kind {kind!r}")
@@ -324,6 +329,13 @@ class QueueRecord(Persistent):
         if self.dedup is None:
             self.dedup = OOBTree()
         return self.dedup
+
+    def remember_dedup(self, dedup_id, until, seq):
+        """A put with dedup_id refuses others until then; seq is kept to name it."""
+        self.dedup_table()[dedup_id] = until
+        if self.dedup_ids is None:
+            self.dedup_ids = OOBTree()
+        self.dedup_ids[dedup_id] = seq
 
     def delete_message(self, seq):
         del self.messages[seq]
@@ -639,13 +651,17 @@ class Put(_Op):
     def check(self, root):
         if self.dedup_id is None:
             return
-        dedup = _queue(root, self.name).dedup
+        rec = _queue(root, self.name)
+        dedup = rec.dedup
         until = dedup.get(self.dedup_id) if dedup is not None else None
         if until is not None and until > self.sent_at:
-            raise DuplicateMessage(
+            original = rec.dedup_ids.get(self.dedup_id) if rec.dedup_ids is not None else None
+            exc = DuplicateMessage(
                 f"a message with dedup_id {self.dedup_id!r} was put in queue {self.name!r} "
                 f"less than its dedup window ago ({until - self.sent_at:.1f} s left); "
                 "this put was refused")
+            exc.original_id = original
+            raise exc
 
     def apply(self, root):
         rec = _queue(root, self.name)
@@ -661,7 +677,7 @@ class Put(_Op):
                         expires_at=self.expires_at, attributes=self.attributes)
         rec.make_ready(self.seq, self.key, self.visible_at, put=1)
         if self.dedup_id is not None:
-            rec.dedup_table()[self.dedup_id] = self.dedup_until
+            rec.remember_dedup(self.dedup_id, self.dedup_until, self.seq)
 
     @classmethod
     def apply_run(cls, root, puts):
@@ -683,7 +699,7 @@ class Put(_Op):
             if op.visible_at:
                 rec.delayed[op.seq] = float(op.visible_at)
             if op.dedup_id is not None:
-                rec.dedup_table()[op.dedup_id] = op.dedup_until
+                rec.remember_dedup(op.dedup_id, op.dedup_until, op.seq)
         rec.counts.add(put=len(puts), ready=len(ready), delayed=len(puts) - len(ready))
 
 
@@ -1126,11 +1142,14 @@ class PruneDedup(_Op):
         self.name, self.at = name, at
 
     def apply(self, root):
-        dedup = _queue(root, self.name).dedup
+        rec = _queue(root, self.name)
+        dedup = rec.dedup
         if dedup is None:
             return
         for dedup_id in [k for k, until in dedup.items() if until <= self.at]:
             del dedup[dedup_id]
+            if rec.dedup_ids is not None and dedup_id in rec.dedup_ids:
+                del rec.dedup_ids[dedup_id]
 
 
 class SetDeadline(_Op):

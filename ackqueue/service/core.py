@@ -1,0 +1,232 @@
+"""The service's state: named queues opened lazily over one storage, client sessions with
+leases, and the receipt handles of the deliveries held for remote clients.
+
+Everything here uses the queue's public seams (AckQueue, q.connect(thread_bound=False),
+put_many(encoded=True), get_many(raw=True), DuplicateMessage.original_id); the event
+loop (ackqueue.service.http) calls the blocking parts from its thread pool.
+
+Threads: the maps (sessions, receipts, queues) are changed only in the event loop's thread,
+except ``Service.queue``, which opens a queue under a lock from a pool thread.  A client's
+connection to a queue (``ClientConn``) is used by one pool thread at a time, under its lock.
+"""
+import re
+import secrets
+import threading
+import time
+
+import ackqueue
+from ackqueue import AckQueue
+from ackqueue.storage import open_database
+
+__all__ = ["Service", "Session", "Leases", "Delivery", "ClientConn", "check_name",
+           "check_client"]
+
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,80}\Z")
+_CLIENT = re.compile(r"[A-Za-z0-9_.:\-]{1,128}\Z")
+
+
+def check_name(name):
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError("a queue name is 1 to 80 characters among A-Z a-z 0-9 _ . -")
+    return name
+
+
+def check_client(client):
+    if not isinstance(client, str) or not _CLIENT.match(client):
+        raise ValueError("a client id is 1 to 128 characters among A-Z a-z 0-9 _ . : -")
+    return client
+
+
+class ClientConn:
+    """One client's connection to one queue: it holds that client's deliveries."""
+
+    __slots__ = ("conn", "lock", "queue")
+
+    def __init__(self, queue, conn):
+        self.queue = queue
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def close(self):
+        with self.lock:
+            self.conn.close()         # gives back everything it still holds
+
+
+class Delivery:
+    """What a receipt handle names: one delivery held for one client."""
+
+    __slots__ = ("queue", "session", "cconn", "message")
+
+    def __init__(self, queue, session, cconn, message):
+        self.queue, self.session, self.cconn, self.message = queue, session, cconn, message
+
+
+class Session:
+    """A client id's lease and its connections (one per queue it received from)."""
+
+    def __init__(self, client, now):
+        self.client = client
+        self.last_seen = now
+        self.active = 0               # requests in progress: a long poll keeps it alive
+        self.conns = {}               # queue name -> ClientConn
+        self.receipts = set()
+        self.closed = False
+
+
+class Leases:
+    """Client sessions and their leases.  clock is injectable (time.monotonic)."""
+
+    def __init__(self, timeout, clock=time.monotonic):
+        if not timeout > 0:
+            raise ValueError("the lease timeout must be positive")
+        self.timeout = float(timeout)
+        self.clock = clock
+        self.sessions = {}
+
+    def touch(self, client):
+        """The session of client (made on first use), its lease renewed."""
+        now = self.clock()
+        s = self.sessions.get(client)
+        if s is None:
+            s = self.sessions[client] = Session(client, now)
+        s.last_seen = now
+        return s
+
+    def expired(self):
+        """Remove and return the sessions whose lease ran out (none with a request in
+        progress)."""
+        now = self.clock()
+        gone = [s for s in self.sessions.values()
+                if s.active == 0 and now - s.last_seen > self.timeout]
+        for s in gone:
+            del self.sessions[s.client]
+            s.closed = True
+        return gone
+
+    def remove(self, client):
+        s = self.sessions.pop(client, None)
+        if s is not None:
+            s.closed = True
+        return s
+
+
+class Service:
+    """Queues of one storage (a file, or memory when path is None)."""
+
+    def __init__(self, path=None, *, durability="fsync", lease_timeout=30.0,
+                 clock=time.monotonic):
+        self.path = path
+        self.durability = durability
+        # Holds the storage for the service's lifetime (a file is locked to this process
+        # from here on: a second service on it fails at start, not at its first request).
+        self._handle = open_database(path, None, durability if path else None)
+        self._lock = threading.Lock()
+        self.queues = {}
+        self.leases = Leases(lease_timeout, clock)
+        self.receipts = {}            # receipt handle -> Delivery
+        self.closed = False
+
+    def queue(self, name):
+        """The AckQueue named name, opened on first use (blocking: call from the pool)."""
+        q = self.queues.get(name)
+        if q is not None:
+            return q
+        with self._lock:
+            q = self.queues.get(name)
+            if q is None:
+                if self.closed:
+                    raise RuntimeError("the service is closing")
+                if self.path is None:
+                    q = AckQueue(db=self._handle.db, name=name)
+                else:
+                    q = AckQueue(path=self.path, name=name, durability=self.durability)
+                self.queues[name] = q
+            return q
+
+    def list_queues(self):
+        """{name: counts} of every queue of the storage (blocking)."""
+        return ackqueue.queues(self.path if self.path is not None else self._handle.db)
+
+    # -- deliveries ----------------------------------------------------------------------
+
+    def client_conn(self, session, name):
+        """session's connection to queue name (blocking: opens the queue)."""
+        cc = session.conns.get(name)
+        if cc is None:
+            q = self.queue(name)
+            cc = session.conns.setdefault(name, ClientConn(q, q.connect(thread_bound=False)))
+        return cc
+
+    @staticmethod
+    def receive(cc, n, visibility_timeout):
+        """Up to n messages now, never waiting (blocking only for the pool's thread)."""
+        kwargs = {} if visibility_timeout is None else {
+            "visibility_timeout": visibility_timeout}
+        with cc.lock:
+            if cc.conn.closed:
+                return []
+            try:
+                return cc.conn.get_many(n, block=False, messages=True, raw=True, **kwargs)
+            except ackqueue.Empty:
+                return []
+
+    def register(self, name, session, cc, messages):
+        """Receipt handles for delivered messages (event loop thread)."""
+        out = []
+        for m in messages:
+            receipt = f"{int(m.id)}.{secrets.token_urlsafe(18)}"
+            self.receipts[receipt] = Delivery(name, session, cc, m)
+            session.receipts.add(receipt)
+            out.append((receipt, m))
+        return out
+
+    def forget(self, receipts):
+        for r in receipts:
+            d = self.receipts.pop(r, None)
+            if d is not None:
+                d.session.receipts.discard(r)
+
+    @staticmethod
+    def give_back(cc, messages):
+        """Deliveries that never reached their client go back (blocking)."""
+        with cc.lock:
+            for m in messages:
+                try:
+                    cc.conn.nack(m)
+                except ackqueue.NotHeld:      # its deadline gave it back already
+                    pass
+
+    @staticmethod
+    def ack(cc, messages):
+        """Acknowledge messages held by cc in one commit: all, or (StaleAck) none."""
+        with cc.lock:
+            cc.queue.ack_many(messages)
+
+    @staticmethod
+    def nack(cc, message, delay):
+        with cc.lock:
+            cc.conn.nack(message, delay)
+
+    @staticmethod
+    def change_visibility(cc, message, seconds):
+        with cc.lock:
+            cc.queue.change_visibility(message, seconds)
+
+    @staticmethod
+    def close_session_conns(session):
+        """A session's lease ended: close its connections, giving back what they held."""
+        for cc in list(session.conns.values()):
+            cc.close()
+
+    def close(self):
+        """Close every session and queue, then release the storage (writes the .index)."""
+        with self._lock:
+            self.closed = True
+        for s in list(self.leases.sessions.values()):
+            self.close_session_conns(s)
+        self.leases.sessions.clear()
+        self.receipts.clear()
+        for q in list(self.queues.values()):
+            q.close()
+        self.queues.clear()
+        self._handle._release()

@@ -1,0 +1,582 @@
+"""The native HTTP API (/v1) on aiohttp: handlers, errors, long polls.
+
+Blocking library calls (a put or an ack waits for its durable commit) run in a thread
+pool, so that the commits of concurrent requests gather into the library's group commit;
+a request that changes a queue is answered once its commit is durable.  A long poll holds
+no thread: it tries a non-blocking get in the pool, then awaits an asyncio.Event that the
+queue's ready listener sets (through loop.call_soon_threadsafe) or the time at which
+q.next_ready_at() says something becomes ready by itself.
+"""
+import asyncio
+import base64
+import json
+import logging
+import math
+import struct
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from aiohttp import web
+
+from ackqueue import store
+from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
+from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
+
+from .core import check_client, check_name
+
+__all__ = ["make_app", "FRAMES", "encode_frames", "decode_frames"]
+
+log = logging.getLogger("ackqueue.service")
+
+FRAMES = "application/vnd.ackqueue.frames"
+MAX_BATCH = 1000
+MAX_RECEIVE = 100
+MAX_WAIT = 60.0
+_U32 = struct.Struct(">I")
+
+
+class ApiError(Exception):
+    def __init__(self, status, code, message, **extra):
+        super().__init__(message)
+        self.status, self.code, self.message, self.extra = status, code, message, extra
+
+
+def error_response(status, code, message, **extra):
+    body = {"error": {"code": code, "message": message}}
+    body["error"].update(extra)
+    return web.json_response(body, status=status)
+
+
+# -- framing ------------------------------------------------------------------------------
+
+def encode_frames(parts):
+    """bytes parts -> one body: each part as a 4-byte big-endian length and its bytes."""
+    out = bytearray()
+    for p in parts:
+        out += _U32.pack(len(p))
+        out += p
+    return bytes(out)
+
+
+def decode_frames(data):
+    parts, i, end = [], 0, len(data)
+    while i < end:
+        if end - i < 4:
+            raise ValueError("a frame's 4-byte length is cut short")
+        (n,) = _U32.unpack_from(data, i)
+        i += 4
+        if n > end - i:
+            raise ValueError("a frame is shorter than its length says")
+        parts.append(bytes(data[i:i + n]))
+        i += n
+    return parts
+
+
+# -- argument parsing ---------------------------------------------------------------------
+
+def _number(request, key, default, *, lo=0.0, hi=None, integer=False):
+    raw = request.query.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        raise ApiError(400, "InvalidRequest", f"{key} must be a number, not {raw!r}") from None
+    if (not integer and not math.isfinite(value)) or value < lo or (hi is not None and value > hi):
+        raise ApiError(400, "ValidationError",
+                       f"{key} must be between {lo:g} and {hi if hi is not None else 'inf'}")
+    return value
+
+
+def _name(request):
+    try:
+        return check_name(request.match_info["name"])
+    except ValueError as exc:
+        raise ApiError(400, "InvalidRequest", str(exc)) from None
+
+
+def _client(request, required):
+    client = request.headers.get("X-Client-Id") or request.query.get("client")
+    if client is None:
+        if required:
+            raise ApiError(400, "InvalidRequest",
+                           "this request needs a client id (header X-Client-Id): the "
+                           "deliveries it receives are held for that client's lease")
+        return None
+    try:
+        return check_client(client)
+    except ValueError as exc:
+        raise ApiError(400, "InvalidRequest", str(exc)) from None
+
+
+def _put_options(request):
+    opts = {"priority": _number(request, "priority", store.DEFAULT_PRIORITY,
+                                hi=store.PRIORITY_MAX, integer=True),
+            "delay": _number(request, "delay", 0.0, hi=store.MAX_RETENTION)}
+    retention = _number(request, "retention", None, lo=0.001, hi=store.MAX_RETENTION)
+    if retention is not None:
+        opts["retention"] = retention
+    raw = request.headers.get("X-Attributes")
+    if raw is not None:
+        try:
+            attributes = json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "InvalidRequest", "X-Attributes must be a JSON object") from None
+        if not isinstance(attributes, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()):
+            raise ApiError(400, "ValidationError",
+                           "X-Attributes must be a JSON object of strings to strings")
+        if len(attributes) > MAX_ATTRIBUTES:
+            raise ApiError(400, "ValidationError",
+                           f"at most {MAX_ATTRIBUTES} attributes")
+        opts["attributes"] = attributes
+    return opts
+
+
+def _dedup(request):
+    """(dedup id to store, whether it is an idempotency key)."""
+    dedup_id = request.query.get("dedup_id")
+    key = request.headers.get("Idempotency-Key")
+    if dedup_id is not None and key is not None:
+        raise ApiError(400, "InvalidRequest", "give a dedup_id or an Idempotency-Key, not both")
+    if key is not None:
+        if not 0 < len(key) <= 100:
+            raise ApiError(400, "ValidationError", "Idempotency-Key has 1 to 100 characters")
+        return "idempotency:" + key, True
+    if dedup_id is not None and not 0 < len(dedup_id) <= MAX_DEDUP_ID:
+        raise ApiError(400, "ValidationError",
+                       f"dedup_id has 1 to {MAX_DEDUP_ID} characters")
+    return dedup_id, False
+
+
+def _message_json(receipt, m):
+    return {"id": int(m.id), "receipt": receipt, "receive_count": m.receive_count,
+            "sent_at": m.sent_at, "deadline": m.deadline, "priority": m.priority,
+            "attributes": m.attributes,
+            "body": base64.b64encode(m.body).decode("ascii")}
+
+
+def _frames_response(delivered, extra_headers=None):
+    parts = []
+    for receipt, m in delivered:
+        meta = _message_json(receipt, m)
+        del meta["body"]
+        parts.append(json.dumps(meta, separators=(",", ":")).encode())
+        parts.append(m.body)
+    return web.Response(body=encode_frames(parts), content_type=FRAMES,
+                        headers=extra_headers)
+
+
+# -- the application ----------------------------------------------------------------------
+
+class Api:
+    def __init__(self, service, *, pool_size=64, max_body=1 << 20, max_batch_body=16 << 20):
+        self.service = service
+        self.pool = ThreadPoolExecutor(pool_size, thread_name_prefix="ackqueue-service")
+        self.max_body = max_body
+        self.max_batch_body = max_batch_body
+        self.loop = None
+        self.waiters = {}               # queue name -> set of asyncio.Event
+        self.listening = set()          # queue names with a ready listener
+        self.reaper = None
+        self.stopping = False
+        self.started = time.time()
+
+    async def run(self, fn, *args):
+        return await self.loop.run_in_executor(self.pool, fn, *args)
+
+    async def queue(self, name):
+        q = self.service.queues.get(name)
+        if q is None:
+            q = await self.run(self.service.queue, name)
+        if name not in self.listening:
+            self.listening.add(name)
+            q.add_ready_listener(self._listener)
+        return q
+
+    def _listener(self, name):
+        # Called from any thread with the queue's lock held: hand over to the loop.
+        try:
+            self.loop.call_soon_threadsafe(self._wake, name)
+        except RuntimeError:            # the loop is closed: the service is stopping
+            pass
+
+    def _wake(self, name):
+        for ev in self.waiters.get(name, ()):
+            ev.set()
+
+    def session(self, client):
+        return self.service.leases.touch(client)
+
+    # -- middleware and lifecycle --------------------------------------------------------
+
+    @web.middleware
+    async def errors(self, request, handler):
+        client = request.headers.get("X-Client-Id")
+        session = None
+        if client is not None:
+            try:
+                session = self.session(check_client(client))
+                session.active += 1
+            except ValueError:
+                session = None
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return error_response(exc.status, exc.code, exc.message, **exc.extra)
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(413, "MessageSizeExceeded",
+                                  "the request body is over the limit")
+        except web.HTTPException as exc:
+            if exc.status == 404:
+                return error_response(404, "NotFound", f"no route {request.path}")
+            if exc.status == 405:
+                return error_response(405, "MethodNotAllowed",
+                                      f"{request.method} is not allowed on {request.path}")
+            return error_response(exc.status, "InvalidRequest", exc.reason)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("ackqueue service: internal error on %s %s", request.method,
+                          request.path)
+            return error_response(500, "InternalError", "internal error")
+        finally:
+            if session is not None:
+                session.active -= 1
+                session.last_seen = self.service.leases.clock()
+
+    async def on_startup(self, app):
+        self.loop = asyncio.get_running_loop()
+        self.reaper = asyncio.ensure_future(self._reap())
+
+    async def on_shutdown(self, app):
+        # Long polls end now (answered with what they have: nothing); other requests in
+        # progress finish before the queues close.
+        self.stopping = True
+        for name in list(self.waiters):
+            self._wake(name)
+        if self.reaper is not None:
+            self.reaper.cancel()
+
+    async def on_cleanup(self, app):
+        for name in list(self.listening):
+            q = self.service.queues.get(name)
+            if q is not None:
+                q.remove_ready_listener(self._listener)
+        await self.run(self.service.close)
+        self.pool.shutdown(wait=True)
+
+    async def _reap(self):
+        leases = self.service.leases
+        period = min(1.0, leases.timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.expire_leases()
+            except Exception:
+                log.exception("ackqueue service: lease reaper")
+
+    async def expire_leases(self):
+        for s in self.service.leases.expired():
+            log.info("ackqueue service: lease of client %r ended; giving back what it held",
+                     s.client)
+            await self.close_session(s)
+
+    async def close_session(self, s):
+        await self.run(self.service.close_session_conns, s)
+        self.service.forget(list(s.receipts))
+
+    # -- handlers ------------------------------------------------------------------------
+
+    async def health(self, request):
+        return web.json_response({"status": "ok", "threads": threading.active_count(),
+                                  "queues_open": len(self.service.queues),
+                                  "clients": len(self.service.leases.sessions),
+                                  "long_polls": sum(len(w) for w in self.waiters.values()),
+                                  "uptime": time.time() - self.started})
+
+    async def openapi(self, request):
+        from .openapi import document
+        return web.json_response(document())
+
+    async def list_queues(self, request):
+        return web.json_response({"queues": await self.run(self.service.list_queues)})
+
+    async def queue_info(self, request):
+        name = _name(request)
+        q = await self.queue(name)
+        stats = await self.run(q.stats)
+        return web.json_response({"name": name, "stats": stats})
+
+    async def put(self, request):
+        name = _name(request)
+        opts = _put_options(request)
+        dedup_id, idempotent = _dedup(request)
+        if (request.content_length or 0) > self.max_body:
+            raise ApiError(413, "MessageSizeExceeded",
+                           f"a message body is at most {self.max_body} bytes")
+        body = await request.read()
+        if len(body) > self.max_body:
+            raise ApiError(413, "MessageSizeExceeded",
+                           f"a message body is at most {self.max_body} bytes")
+        q = await self.queue(name)
+        try:
+            [mid] = await self.run(lambda: q.put_many([body], encoded=True,
+                                                      dedup_ids=[dedup_id], **opts))
+        except DuplicateMessage as exc:
+            if idempotent and exc.original_id is not None:
+                return web.json_response({"id": int(exc.original_id), "duplicate": True})
+            raise ApiError(409, "DuplicateMessage", str(exc)) from None
+        return web.json_response({"id": int(mid)})
+
+    async def put_batch(self, request):
+        name = _name(request)
+        opts = _put_options(request)
+        dedup_id, idempotent = _dedup(request)
+        data = await request.read()
+        try:
+            bodies = decode_frames(data)
+        except ValueError as exc:
+            raise ApiError(400, "InvalidRequest", f"bad framing: {exc}") from None
+        if not bodies:
+            raise ApiError(400, "ValidationError", "a batch has 1 or more messages")
+        if len(bodies) > MAX_BATCH:
+            raise ApiError(400, "ValidationError", f"a batch has at most {MAX_BATCH} messages")
+        for i, b in enumerate(bodies):
+            if len(b) > self.max_body:
+                raise ApiError(413, "MessageSizeExceeded",
+                               f"message {i} is over {self.max_body} bytes", index=i)
+        dedup_ids = None
+        if dedup_id is not None:
+            dedup_ids = [dedup_id] + [None] * (len(bodies) - 1)
+        q = await self.queue(name)
+        try:
+            ids = await self.run(lambda: q.put_many(bodies, encoded=True, dedup_ids=dedup_ids,
+                                                    **opts))
+        except DuplicateMessage as exc:
+            if idempotent and exc.original_id is not None:
+                # One process numbers a batch's messages consecutively (one reservation).
+                first = int(exc.original_id)
+                return web.json_response({"ids": list(range(first, first + len(bodies))),
+                                          "duplicate": True})
+            raise ApiError(409, "DuplicateMessage", str(exc)) from None
+        return web.json_response({"ids": [int(i) for i in ids]})
+
+    def _deliveries(self, name, receipts):
+        found, missing = [], []
+        for r in receipts:
+            d = self.service.receipts.get(r)
+            if d is None or d.queue != name:
+                missing.append(r)
+            else:
+                found.append((r, d))
+        if missing:
+            raise ApiError(410, "UnknownReceipt",
+                           "no delivery held under this receipt (acknowledged already, its "
+                           "client's lease ended, or it never existed)", receipts=missing)
+        return found
+
+    async def _ack(self, name, receipts):
+        found = self._deliveries(name, receipts)
+        by_conn = {}
+        for r, d in found:
+            by_conn.setdefault(d.cconn, []).append((r, d.message))
+        for cc, pairs in by_conn.items():
+            try:
+                await self.run(self.service.ack, cc, [m for _, m in pairs])
+            except StaleAck as exc:
+                if len(pairs) == 1:
+                    self.service.forget([pairs[0][0]])
+                raise ApiError(409, "StaleReceipt",
+                               f"a delivery was given back before its ack ({exc}); none of "
+                               "this request's receipts was acknowledged") from None
+            self.service.forget([r for r, _ in pairs])
+        return len(found)
+
+    async def ack(self, request):
+        name = _name(request)
+        receipts = await _receipts(request)
+        return web.json_response({"acked": await self._ack(name, receipts)})
+
+    async def nack(self, request):
+        name = _name(request)
+        receipts = await _receipts(request)
+        delay = _number(request, "delay", 0.0, hi=store.MAX_RETENTION)
+        for r, d in self._deliveries(name, receipts):
+            try:
+                await self.run(self.service.nack, d.cconn, d.message, delay)
+            except NotHeld:
+                self.service.forget([r])
+                raise ApiError(409, "StaleReceipt", "the delivery was given back already",
+                               receipts=[r]) from None
+            self.service.forget([r])
+        return web.json_response({"nacked": len(receipts)})
+
+    async def change_visibility(self, request):
+        name = _name(request)
+        receipts = await _receipts(request)
+        seconds = _number(request, "visibility_timeout", None, lo=-1e9, hi=43200)
+        if seconds is None:
+            raise ApiError(400, "InvalidRequest", "visibility_timeout is required")
+        for r, d in self._deliveries(name, receipts):
+            try:
+                await self.run(self.service.change_visibility, d.cconn, d.message, seconds)
+            except NotHeld:
+                self.service.forget([r])
+                raise ApiError(409, "StaleReceipt", "the delivery was given back already",
+                               receipts=[r]) from None
+            if seconds <= 0:
+                self.service.forget([r])
+        return web.json_response({"changed": len(receipts)})
+
+    async def receive(self, request):
+        name = _name(request)
+        client = _client(request, required=True)
+        n = _number(request, "max", 1, lo=1, hi=MAX_RECEIVE, integer=True)
+        wait = _number(request, "wait", 0.0, hi=MAX_WAIT)
+        vt = _number(request, "visibility_timeout", None, lo=0.001, hi=43200)
+        acks = [r for r in request.query.getall("ack", []) for r in r.split(",") if r]
+        if acks:
+            await self._ack(name, acks)       # durable before this receive returns
+        session = self.session(client)
+        q = await self.queue(name)
+        cc = session.conns.get(name)
+        if cc is None:
+            cc = await self.run(self.service.client_conn, session, name)
+        loop = self.loop
+        deadline = loop.time() + wait
+        event = asyncio.Event()
+        waiters = self.waiters.setdefault(name, set())
+        waiters.add(event)
+        try:
+            while True:
+                event.clear()
+                messages = await self._try(cc, n, vt)
+                if messages or session.closed or self.stopping:
+                    break
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                ready_at = q.next_ready_at()
+                if ready_at is not None:
+                    remaining = min(remaining, max(0.0, ready_at - time.time()) + 0.005)
+                try:
+                    await asyncio.wait_for(event.wait(), remaining)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            waiters.discard(event)
+        if messages and (request.transport is None or request.transport.is_closing()):
+            await self.run(self.service.give_back, cc, messages)   # its client left
+            messages = []
+        delivered = self.service.register(name, session, cc, messages)
+        if FRAMES in request.headers.get("Accept", ""):
+            return _frames_response(delivered)
+        return web.json_response({"messages": [_message_json(r, m) for r, m in delivered]})
+
+    async def _try(self, cc, n, vt):
+        """A non-blocking get in the pool; a cancelled request gives back what it got."""
+        fut = self.loop.run_in_executor(self.pool, self.service.receive, cc, n, vt)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            def give_back(f):
+                if not f.cancelled() and f.exception() is None and f.result():
+                    self.pool.submit(self.service.give_back, cc, f.result())
+            fut.add_done_callback(give_back)
+            raise
+
+    async def purge(self, request):
+        q = await self.queue(_name(request))
+        return web.json_response({"purged": await self.run(q.purge)})
+
+    async def browse(self, request):
+        name = _name(request)
+        after = _number(request, "after", -1, lo=-1, integer=True)
+        limit = _number(request, "limit", 100, lo=1, hi=1000, integer=True)
+        q = await self.queue(name)
+
+        def page():
+            import heapq
+            rows = heapq.nsmallest(limit + 1, (m for m in q.browse() if m.id > after),
+                                   key=lambda m: m.id)
+            return rows[:limit], len(rows) > limit
+        rows, more = await self.run(page)
+        out = [{"id": int(m.id), "state": m.state, "priority": m.priority,
+                "receive_count": m.receive_count, "sent_at": m.sent_at, "age": m.age,
+                "attributes": m.attributes, "visible_at": m.visible_at,
+                "deadline": m.deadline, "expires_at": m.expires_at,
+                "body": base64.b64encode(m.body).decode("ascii")} for m in rows]
+        return web.json_response({"messages": out,
+                                  "next_after": int(rows[-1].id) if more else None})
+
+    async def renew(self, request):
+        try:
+            client = check_client(request.match_info["client"])
+        except ValueError as exc:
+            raise ApiError(400, "InvalidRequest", str(exc)) from None
+        self.session(client)
+        return web.json_response({"client": client,
+                                  "lease_timeout": self.service.leases.timeout})
+
+    async def end_lease(self, request):
+        try:
+            client = check_client(request.match_info["client"])
+        except ValueError as exc:
+            raise ApiError(400, "InvalidRequest", str(exc)) from None
+        s = self.service.leases.remove(client)
+        if s is not None:
+            await self.close_session(s)
+        return web.json_response({"client": client, "ended": s is not None})
+
+
+async def _receipts(request):
+    """Receipt handles from ?receipt=... (repeatable, comma-separated) or a JSON body
+    {"receipts": [...]}."""
+    receipts = [r for v in request.query.getall("receipt", []) for r in v.split(",") if r]
+    if request.can_read_body:
+        data = await request.read()
+        if data.strip():
+            try:
+                doc = json.loads(data)
+                more = doc["receipts"]
+                if not isinstance(more, list) or not all(isinstance(r, str) for r in more):
+                    raise ValueError
+            except (ValueError, KeyError, TypeError):
+                raise ApiError(400, "InvalidRequest",
+                               'the body must be {"receipts": ["...", ...]}') from None
+            receipts += more
+    if not receipts:
+        raise ApiError(400, "InvalidRequest", "no receipt handle given")
+    if len(receipts) > MAX_BATCH:
+        raise ApiError(400, "ValidationError", f"at most {MAX_BATCH} receipts")
+    return receipts
+
+
+def make_app(service, *, pool_size=64, max_body=1 << 20):
+    """The aiohttp application serving service's native API."""
+    api = Api(service, pool_size=pool_size, max_body=max_body)
+    app = web.Application(middlewares=[api.errors],
+                          client_max_size=max(max_body, 16 << 20) + 65536)
+    app["api"] = api
+    app.on_startup.append(api.on_startup)
+    app.on_shutdown.append(api.on_shutdown)
+    app.on_cleanup.append(api.on_cleanup)
+    r = app.router
+    r.add_get("/health", api.health)
+    r.add_get("/openapi.json", api.openapi)
+    r.add_get("/v1/queues", api.list_queues)
+    r.add_get("/v1/queues/{name}", api.queue_info)
+    r.add_post("/v1/queues/{name}/messages", api.put)
+    r.add_post("/v1/queues/{name}/batch", api.put_batch)
+    r.add_post("/v1/queues/{name}/receive", api.receive)
+    r.add_post("/v1/queues/{name}/ack", api.ack)
+    r.add_delete("/v1/queues/{name}/messages", api.ack)
+    r.add_post("/v1/queues/{name}/nack", api.nack)
+    r.add_post("/v1/queues/{name}/visibility", api.change_visibility)
+    r.add_post("/v1/queues/{name}/purge", api.purge)
+    r.add_get("/v1/queues/{name}/browse", api.browse)
+    r.add_post("/v1/leases/{client}", api.renew)
+    r.add_delete("/v1/leases/{client}", api.end_lease)
+    return app
