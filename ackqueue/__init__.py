@@ -11,8 +11,8 @@ from queue import Empty, Full
 
 from .browse import BrowsedMessage
 from .connection import QueueConnection
-from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotAQueueFile, NotHeld,
-                     QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
+from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ItemTooLarge,
+                     NotAQueueFile, NotHeld, QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
                      StorageError, UnpicklableItem, UnsupportedFormat)
 from .message import Message, MessageId
 from .queue import AckLifoQueue, AckPriorityQueue, AckQueue, queues
@@ -24,5 +24,5 @@ __all__ = [
     "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
     "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "queues",
-    "BrowsedMessage",
+    "BrowsedMessage", "CodecMismatch",
 ]

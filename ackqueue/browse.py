@@ -18,10 +18,9 @@ snapshot of those keys is taken.)  In a process that holds its storage alone, de
 are decided in memory and not written to the store, so the state's own holdings say what
 is in flight; through a server, the store's in-flight indexes say it for every process.
 """
-import pickle
 from dataclasses import dataclass, field
 
-from . import store
+from . import codec, store
 from .message import MessageId
 
 __all__ = ["BrowsedMessage", "browse", "READY", "DELAYED", "IN_FLIGHT"]
@@ -32,9 +31,9 @@ GC_EVERY = 1024          # messages read between two trims of the snapshot's obj
 
 @dataclass(frozen=True)
 class BrowsedMessage:
-    """One message as browse() found it.  ``body`` is the stored bytes (the pickled item),
-    ``item`` unpickles it on demand; ``state`` is READY, DELAYED or IN_FLIGHT;
-    ``visible_at`` (delayed) and ``deadline`` (in flight; None without a visibility
+    """One message as browse() found it.  ``body`` is the stored bytes (marked with their
+    encoding, see ackqueue.codec), ``item`` decodes them on demand; ``state`` is READY,
+    DELAYED or IN_FLIGHT; ``visible_at`` (delayed) and ``deadline`` (in flight; None without a visibility
     timeout) are clock times; ``age`` is seconds since the put."""
 
     id: MessageId
@@ -56,7 +55,7 @@ class BrowsedMessage:
 
     @property
     def item(self):
-        return pickle.loads(self.body)
+        return codec.decode(self.body)
 
 
 def browse(state):

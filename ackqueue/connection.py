@@ -17,16 +17,14 @@ store changes are written, just before it commits, through the application's own
 """
 import logging
 import math
-import pickle
 import threading
 import weakref
 
 import transaction
 from ZODB.Connection import Connection as _ZODBConnection
 
-from . import store
-from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, StaleAck,
-                     UnpicklableItem)
+from . import codec, store
+from .errors import AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, StaleAck
 from .message import Message, MessageId
 from .state import DEFAULT_PUT, Ask, MessageMissing, Meta, check_timeout
 
@@ -53,16 +51,6 @@ RELEASED_KEPT = 1024        # given-back deliveries remembered to explain a late
 UNREADABLE_DELAY = 60.0     # seconds a message whose item cannot be unpickled is set aside
 
 
-def dumps(item):
-    """Pickle an item for the store; anything pickle refuses becomes UnpicklableItem."""
-    try:
-        return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise UnpicklableItem(
-            f"cannot queue a {type(item).__name__!r} item: it cannot be pickled ({exc})"
-        ) from exc
-
-
 def _encoded_body(body):
     """An already-encoded item for put_many(encoded=True): bytes as they will be stored."""
     if isinstance(body, (bytearray, memoryview)):
@@ -83,7 +71,7 @@ def check_item_sizes(pairs, limit):
             which, lost = (("the item", "nothing was put") if len(pairs) == 1 else
                            (f"item {index} of {len(pairs)}", "none of them was put"))
             raise ItemTooLarge(
-                f"cannot queue {which}: a {type(item).__name__!r} that pickles to "
+                f"cannot queue {which}: a {type(item).__name__!r} that encodes to "
                 f"{len(body)} bytes, over the queue's max_item_size of {limit} bytes; "
                 f"{lost}", size=len(body), limit=limit, index=index)
 
@@ -326,7 +314,7 @@ class QueueConnection:
                                  "items to order them; put encoded bodies in a FIFO or "
                                  "LIFO queue")
         else:
-            pairs = [(item, dumps(item)) for item in items]
+            pairs = [(item, codec.encode(item, self._state.codec)) for item in items]
         check_item_sizes(pairs, self._front.max_item_size)    # the bytes the store keeps
         if dedup_ids is None:
             dedup_ids = [None] * len(pairs)
@@ -344,7 +332,7 @@ class QueueConnection:
     def _put_bodies(self, pairs, block, timeout, opts=DEFAULT_PUT, dedup_ids=None):
         state = self._state
         if state.kind == store.VALUE:
-            pairs = [(pickle.loads(body), body) for _, body in pairs]   # a private copy
+            pairs = [(codec.decode(body), body) for _, body in pairs]   # a private copy
             state.check_orderable([item for item, _ in pairs])
         seqs = state.reserve_put(self._front, len(pairs), block, timeout)
         now = state.clock()
@@ -409,7 +397,7 @@ class QueueConnection:
         if found is None:
             return None
         seq, meta = found
-        return Message(MessageId(seq), pickle.loads(meta.body), meta.receive_count,
+        return Message(MessageId(seq), codec.decode(meta.body), meta.receive_count,
                        meta.sent_at, None, meta.priority, self._state.name,
                        dict(meta.attributes or ()), meta.first_received, meta.last_received,
                        meta.sequence or seq, meta.source)
@@ -462,7 +450,7 @@ class QueueConnection:
                 state.give_back(h, "its receive could not be recorded")
                 raise
         try:
-            h.item = h.meta.body if raw else pickle.loads(h.meta.body)
+            h.item = h.meta.body if raw else codec.decode(h.meta.body)
         except Exception as exc:
             # Set aside for a while, so that the messages behind it are still delivered
             # (a process that has the item's class may read it later).

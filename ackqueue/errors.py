@@ -95,6 +95,10 @@ class QueueKindMismatch(StorageError, ValueError):
     """The named queue exists with another ordering (FIFO, LIFO or priority) than the one asked for."""
 
 
+class CodecMismatch(QueueKindMismatch):
+    """A queue opened with another codec than the one stored with it (ackqueue.codec)."""
+
+
 class ServerUnavailable(StorageError):
     """The queue server could not be reached, or the connection to it was lost while an
     operation was being committed (its outcome may then be unknown: see the message)."""

@@ -11,7 +11,6 @@ holders died with the old process) and the ready set is loaded into memory.
 import heapq
 import itertools
 import logging
-import pickle
 import random
 import threading
 
@@ -20,7 +19,7 @@ from BTrees.LLBTree import LLTreeSet
 from ZODB.POSException import ConflictError
 from zope.interface import implementer
 
-from . import store
+from . import codec, store
 from .interfaces import IArbiter
 from .state import DEAD, EXPIRED, DEFAULT_PUT, MessageMissing, Meta, verdict
 
@@ -140,9 +139,9 @@ class ValueOrder:
 
 
 def loads_or_none(body):
-    """The item of a pickled body, or None if it cannot be read here (an ordering key)."""
+    """The item of a stored body, or None if it cannot be read here (an ordering key)."""
     try:
-        return pickle.loads(body)
+        return codec.decode(body)
     except Exception:
         return None
 
@@ -187,7 +186,7 @@ class LocalArbiter:
                 try:
                     with tm:
                         rec = store.ensure_queue(conn.root(), self.name, self.state.kind)
-                        self.state.check_kind(rec)
+                        self.state.check_record(rec)
                         self.recovered = rec.recover_inflight()
                     break
                 except ConflictError:

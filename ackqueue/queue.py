@@ -29,7 +29,8 @@ import transaction
 
 from . import store
 from .connection import QueueConnection, check_visibility
-from .errors import NotHeld, QueueKindMismatch
+from .codec import check_codec
+from .errors import CodecMismatch, NotHeld, QueueKindMismatch
 from .message import Message
 from .state import DeadLetterPolicy, PutOptions
 from .storage import open_database
@@ -176,6 +177,12 @@ class AckQueue(_stdlib_queue.Queue):
       replaces took.  It is this queue object's rule, checked in the putting process before
       the commit, and not recorded in the storage: items already stored (put without a
       limit, or by another process) are still delivered, given back and redriven.
+    - codec: how puts encode items (ackqueue.codec): "pickle" (the default: a str is
+      stored as text and bytes as bytes, so HTTP clients of ackqueue serve read them
+      as such; any other object is pickled), "json", "str" or "bytes".  It is stored with
+      the queue when first given, so producers and consumers agree: opening a queue with
+      another codec raises CodecMismatch; None uses the stored one.  Any front decodes any
+      stored body, whatever the codec.
     """
 
     _kind = store.FIFO
@@ -183,7 +190,8 @@ class AckQueue(_stdlib_queue.Queue):
     def __init__(self, maxsize=0, *, path=None, db=None, name="default",
                  visibility_timeout=None, clock=None, thread_exit="auto", durability=None,
                  lifo=False, max_receives=None, dead_letter=None, retention=None,
-                 dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None):
+                 dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None,
+                 codec=None):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -200,6 +208,7 @@ class AckQueue(_stdlib_queue.Queue):
                           else _retention(retention))
         self.dedup_window = _seconds(dedup_window, "dedup_window")
         self.max_item_size = _max_item_size(max_item_size)
+        check_codec(codec)
         if autopack is not None:
             from .maintenance import autopack_threshold
             autopack = autopack_threshold(autopack)
@@ -213,11 +222,15 @@ class AckQueue(_stdlib_queue.Queue):
         self._clock = clock = clock or time.time
         self._database = open_database(path, db, durability)
         try:
-            self._state = self._database.state(name, kind, clock)
+            self._state = self._database.state(name, kind, clock, codec)
             if self._state.kind != kind:
                 raise QueueKindMismatch(
                     f"queue {name!r} is open in this process as "
                     f"{store.KIND_NAMES[self._state.kind]}; open it with that class")
+            if codec is not None and self._state.codec != codec:
+                raise CodecMismatch(
+                    f"queue {name!r} is open in this process with codec "
+                    f"{self._state.codec!r}; open it with that codec (or without codec=)")
             self._policy = self._dead_letter_policy(self.max_receives, self.dead_letter)
             if autopack is not None:
                 self._database.enable_autopack(autopack)
@@ -285,7 +298,7 @@ class AckQueue(_stdlib_queue.Queue):
 
         Blocks (or raises queue.Full) as queue.Queue.put does when maxsize is reached.
         Raises UnpicklableItem (a TypeError) if item cannot be pickled, ItemTooLarge (a
-        ValueError) if it pickles to more than the queue's max_item_size.  Keyword options:
+        ValueError) if it encodes to more than the queue's max_item_size (bytes stored).  Keyword options:
         priority (0 to 1000, higher first, FIFO within a level; default 100), delay
         (seconds before it becomes visible), retention (seconds until it expires
         unprocessed; the queue's retention by default, at most 14 days), dedup_id (a str:

@@ -85,7 +85,7 @@ class SharedArbiter:
                 with self._rtm:
                     root = self._rconn.root()
                     rec = store.ensure_queue(root, self.name, self.state.kind)
-                    self.state.check_kind(rec)
+                    self.state.check_record(rec)
                     store.ensure_leases(root)
                 break
             except ConflictError:

@@ -31,8 +31,8 @@ from time import monotonic
 import transaction
 from zope.interface import implementer
 
-from . import store
-from .errors import QueueKindMismatch, ShutDown, StaleAck
+from . import codec, store
+from .errors import CodecMismatch, QueueKindMismatch, ShutDown, StaleAck
 from .interfaces import IQueueState
 from .segments import Msg
 
@@ -198,11 +198,12 @@ class QueueState:
     """The in-process view of one named queue (see the module docstring and
     ackqueue.interfaces.IQueueState); arbiter_class decides claims (IArbiter)."""
 
-    def __init__(self, database, name, kind, clock, arbiter_class):
+    def __init__(self, database, name, kind, clock, arbiter_class, codec=None):
         self.database = database
         self.committer = database.committer
         self.name = name
         self.kind = kind
+        self.codec = codec            # how puts encode items (ackqueue.codec); set by load
         self.clock = clock
         self.mutex = threading.Lock()
         self.not_empty = threading.Condition(self.mutex)
@@ -233,13 +234,23 @@ class QueueState:
                                         name=f"ackqueue-reaper-{name}")
         self._reaper.start()
 
-    def check_kind(self, rec):
-        """Refuse a queue record of another kind than the one asked for."""
+    def check_record(self, rec):
+        """Refuse a queue record of another kind, or codec, than the one asked for (in the
+        transaction that opens the queue); a codec asked for is stored with a queue that
+        has none yet, so that producers and consumers agree."""
         if self.kind is not None and rec.kind != self.kind:
             raise QueueKindMismatch(
                 f"queue {self.name!r} in {self.database.description} is "
                 f"{store.KIND_NAMES[rec.kind]}; open it with that class")
         self.kind = rec.kind
+        stored = rec.codec
+        if self.codec is not None and stored is not None and stored != self.codec:
+            raise CodecMismatch(
+                f"queue {self.name!r} in {self.database.description} stores its items with "
+                f"codec {stored!r}; open it with codec={stored!r} (or without codec=)")
+        if self.codec is not None and stored is None and self.codec != codec.DEFAULT:
+            rec.codec = self.codec
+        self.codec = self.codec or stored or codec.DEFAULT
 
     def snapshot(self):
         """(transaction manager, ZODB connection) reading a fresh snapshot of the store;

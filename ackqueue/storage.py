@@ -93,9 +93,10 @@ class Database:
     def lease_id(self):
         return self.lease.lease_id
 
-    def state(self, name, kind, clock):
+    def state(self, name, kind, clock, codec=None):
         """The live state of queue name, made on first use: its arbiter is this process's
-        memory when it holds the storage alone, the store when processes share it."""
+        memory when it holds the storage alone, the store when processes share it.  kind
+        and codec (None: the stored ones) are checked against the stored queue."""
         from .local import LocalArbiter
         from .shared import SharedArbiter
         from .state import QueueState
@@ -103,7 +104,8 @@ class Database:
             state = self.states.get(name)
             if state is None:
                 arbiter = LocalArbiter if self.exclusive else SharedArbiter
-                state = self.states[name] = QueueState(self, name, kind, clock, arbiter)
+                state = self.states[name] = QueueState(self, name, kind, clock, arbiter,
+                                                       codec)
             return state
 
     def enable_autopack(self, threshold_bytes, *, interval=None, keep_seconds=None):

@@ -12,6 +12,7 @@ Layout, under the database root::
                                 write the same in-flight bucket
         .delayed[seq]           time at which a given-back or delayed message becomes ready
         .dedup[dedup id]        until when a put with that id is refused as a duplicate
+        .codec                  how puts encode items (ackqueue.codec), None for the default
         .dedup_ids[dedup id]    the id (seq) of the message put with it (files written
                                 before it existed have none: DuplicateMessage.original_id
                                 is then None)
@@ -94,7 +95,7 @@ __all__ = [
 ]
 
 ROOT_KEY = "ackqueue"
-FORMAT = 1          # the version of the layout this code writes (see "The format contract")
+FORMAT = 2          # the version of the layout this code writes (see "The format contract")
 # The format of a catalog that records none.  Catalog has recorded its format since the
 # first commit of ackqueue, so only a catalog made by other means lacks it; it is read
 # as format 1, the only layout it could have.
@@ -102,7 +103,17 @@ UNRECORDED_FORMAT = 1
 # Migrations: MIGRATIONS[v](root) turns a storage of format v into format v + 1 (in the
 # transaction that opens it; open_catalog records the new version).  Bumping FORMAT means
 # adding MIGRATIONS[FORMAT - 1] and a test that a format-1 file still opens and drains.
-MIGRATIONS = {}
+
+
+def _format_1_to_2(root):
+    """Format 2 marks a body's encoding by its first byte (ackqueue.codec: text, bytes,
+    JSON) and may record a queue's codec (QueueRecord.codec).  Every format-1 body is a
+    pickle starting with the PROTO opcode, which format 2 reads as a pickle, and a queue
+    without a codec uses the default: nothing to rewrite.  The version is bumped so that
+    an ackqueue that knows only format 1 refuses files whose bodies it could not read."""
+
+
+MIGRATIONS = {1: _format_1_to_2}
 
 FIFO, LIFO, VALUE = "fifo", "lifo", "value"
 KINDS = (FIFO, LIFO, VALUE)
@@ -255,6 +266,8 @@ class QueueRecord(Persistent):
     dedup = None        # OOBTree dedup id -> until when it refuses a put, made on first use
 
     dedup_ids = None    # OOBTree dedup id -> seq of the message put with it (same lifetime)
+
+    codec = None        # how puts encode items (ackqueue.codec); None: the default, pickle
 
     def __init__(self, name, kind):
         if kind not in KINDS:

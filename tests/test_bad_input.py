@@ -10,7 +10,6 @@ RLIMIT_FSIZE makes the real write fail with EFBIG), and a second process on an e
 file (QueueLocked naming the pid).  README's "Reliability" table lists them."""
 import json
 import os
-import pickle
 import pwd
 import random
 import select
@@ -290,7 +289,7 @@ def test_a_shared_queue_steps_over_a_missing_message(tmp_path, caplog, what):
     delivers the next one."""
     import ZEO
 
-    from ackqueue import store
+    from ackqueue import codec, store
     big = "b" * 10000                            # stored in a Body record of its own
     server = Server(tmp_path / "shared.fs", tmp_path / "server.log")
     try:
@@ -301,7 +300,7 @@ def test_a_shared_queue_steps_over_a_missing_message(tmp_path, caplog, what):
                 with db.transaction() as conn:
                     rec = conn.root()[store.ROOT_KEY].queues["default"]
                     seq = next(s for s in rec.messages.keys()
-                               if pickle.loads(rec.body_of(s, rec.messages[s])) == big)
+                               if codec.decode(rec.body_of(s, rec.messages[s])) == big)
                     if what == "record":
                         del rec.messages[seq]
                     else:
@@ -324,8 +323,10 @@ def test_a_shared_queue_steps_over_a_missing_message(tmp_path, caplog, what):
 # -- items over the queue's max_item_size -------------------------------------------------
 
 def pickled_size(item):
-    """The bytes the store keeps for item (what max_item_size limits)."""
-    return len(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+    """The bytes the store keeps for item (what max_item_size limits): its encoding by the
+    queue's codec (ackqueue.codec; by default a str is stored as marked UTF-8 text)."""
+    from ackqueue import codec
+    return len(codec.encode(item))
 
 
 BIG = "x" * 1000
@@ -341,7 +342,7 @@ def _assert_too_large(info, size, index=0):
     exc = info.value
     assert isinstance(exc, ValueError) and isinstance(exc, AckQueueError)
     assert (exc.size, exc.limit, exc.index) == (size, LIMIT, index)
-    assert f"pickles to {size} bytes" in str(exc)
+    assert f"encodes to {size} bytes" in str(exc)
     assert f"max_item_size of {LIMIT} bytes" in str(exc)
 
 

@@ -311,6 +311,6 @@ def test_a_format_without_a_migration_path_is_refused(copy, monkeypatch):
 def test_a_catalog_that_records_no_format_is_read_as_format1_and_then_records_it(copy):
     edit_catalog(copy, lambda c: delattr(c, "format"))
     assert read_catalog(copy, lambda c: hasattr(c, "format")) is False
-    check_all(copy)
-    assert read_catalog(copy, lambda c: c.format) == 1
+    check_all(copy)               # read as format 1, migrated to today's format
+    assert read_catalog(copy, lambda c: c.format) == store.FORMAT
 

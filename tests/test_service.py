@@ -304,9 +304,11 @@ def test_sigterm_closes_cleanly_and_python_reads_the_file(service, tmp_path):
     q.close()
     s = service()
     [m] = s.receive("jobs", "c")
+    assert m["encoding"] == "pickle"
     assert pickle.loads(body_of(m)) == {"from": "python"}   # the test unpickles, not the service
     s.call("POST", f"/v1/queues/jobs/ack?receipt={m['receipt']}")
-    s.put("jobs", pickle.dumps(("from", "http", 1)))
+    s.put("jobs", pickle.dumps(("from", "http", 1)),
+          **{"Content-Type": "application/x-python-pickle"})
     os.remove(str(path) + ".index")
     assert s.stop(signal.SIGTERM) == 0
     assert os.path.exists(str(path) + ".index")               # written by a clean close
@@ -392,3 +394,32 @@ def test_memory_mode_and_unix_socket(service, tmp_path):
     assert body_of(m) == b"in memory"
     c.close()
     assert s.stop() == 0
+
+
+def test_one_rule_for_bodies_text_bytes_and_json_cross_fronts(service, tmp_path):
+    """Issue 22 point 4: a str put by Python is text to an HTTP client, text sent over HTTP
+    is a str to Python, bytes stay bytes, JSON is a JSON value; the service unpickles
+    nothing (a body that claims to be a pickle is only checked to start as one)."""
+    path = tmp_path / "q.fs"
+    with AckQueue(path=str(path), name="jobs") as q:
+        q.put("héllo from python")
+        q.put(b"\x00\xffraw")
+    s = service()
+    got = s.receive("jobs", "c", "max=2")
+    assert [(m["encoding"], body_of(m)) for m in got] == [
+        ("str", "héllo from python".encode()), ("bytes", b"\x00\xffraw")]
+    s.call("POST", "/v1/queues/jobs/ack?receipt=" + ",".join(m["receipt"] for m in got))
+    s.put("jobs", "text from http".encode(), **{"Content-Type": "text/plain; charset=utf-8"})
+    s.put("jobs", b'{"n": [1, 2]}', **{"Content-Type": "application/json"})
+    s.put("jobs", b"\x01\x02")                              # no type: bytes
+    status, doc = s.call("POST", "/v1/queues/jobs/messages?encoding=json", b"{not json")
+    assert status == 400 and doc["error"]["code"] == "ValidationError"
+    status, doc = s.call("POST", "/v1/queues/jobs/messages", b"not a pickle",
+                         {"Content-Type": "application/x-python-pickle"})
+    assert status == 400
+    assert s.stop(signal.SIGTERM) == 0
+    with AckQueue(path=str(path), name="jobs") as q:
+        assert [q.get(block=False) for _ in range(3)] == [
+            "text from http", {"n": [1, 2]}, b"\x01\x02"]
+        for _ in range(3):
+            q.task_done()

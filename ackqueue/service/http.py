@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from ackqueue import store
+from ackqueue import codec, store
 from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 
@@ -150,11 +150,38 @@ def _dedup(request):
     return dedup_id, False
 
 
+_ENCODINGS = {"text/plain": codec.TEXT, "application/json": codec.JSON,
+              "application/x-python-pickle": codec.PICKLE,
+              "application/octet-stream": codec.BYTES}
+
+
+def _encoding(request):
+    """How the client says its body is encoded: ?encoding=str|bytes|json|pickle, else the
+    Content-Type (text/plain, application/json, application/x-python-pickle), else bytes.
+    The service marks the stored body with it (ackqueue.codec) and never unpickles."""
+    what = request.query.get("encoding")
+    if what is None:
+        what = _ENCODINGS.get(request.content_type, codec.BYTES)
+    if what not in codec.CODECS:
+        raise ApiError(400, "ValidationError",
+                       f"encoding must be one of {', '.join(codec.CODECS)}")
+    return what
+
+
+def _marked(what, body, index=None):
+    try:
+        return codec.mark(what, body)
+    except ValueError as exc:
+        where = "" if index is None else f"message {index}: "
+        raise ApiError(400, "ValidationError",
+                       f"{where}the body is not {what} as its encoding says ({exc})") from None
+
+
 def _message_json(receipt, m):
     return {"id": int(m.id), "receipt": receipt, "receive_count": m.receive_count,
             "sent_at": m.sent_at, "deadline": m.deadline, "priority": m.priority,
-            "attributes": m.attributes,
-            "body": base64.b64encode(m.body).decode("ascii")}
+            "attributes": m.attributes, "encoding": codec.kind(m.body),
+            "body": base64.b64encode(codec.payload(m.body)).decode("ascii")}
 
 
 def _frames_response(delivered, extra_headers=None):
@@ -163,7 +190,7 @@ def _frames_response(delivered, extra_headers=None):
         meta = _message_json(receipt, m)
         del meta["body"]
         parts.append(json.dumps(meta, separators=(",", ":")).encode())
-        parts.append(m.body)
+        parts.append(codec.payload(m.body))
     return web.Response(body=encode_frames(parts), content_type=FRAMES,
                         headers=extra_headers)
 
@@ -320,6 +347,7 @@ class Api:
         if len(body) > self.max_body:
             raise ApiError(413, "MessageSizeExceeded",
                            f"a message body is at most {self.max_body} bytes")
+        body = _marked(_encoding(request), body)
         q = await self.queue(name)
         try:
             [mid] = await self.run(lambda: q.put_many([body], encoded=True,
@@ -347,6 +375,8 @@ class Api:
             if len(b) > self.max_body:
                 raise ApiError(413, "MessageSizeExceeded",
                                f"message {i} is over {self.max_body} bytes", index=i)
+        what = _encoding(request)
+        bodies = [_marked(what, b, i) for i, b in enumerate(bodies)]
         dedup_ids = None
         if dedup_id is not None:
             dedup_ids = [dedup_id] + [None] * (len(bodies) - 1)
@@ -507,7 +537,9 @@ class Api:
                 "receive_count": m.receive_count, "sent_at": m.sent_at, "age": m.age,
                 "attributes": m.attributes, "visible_at": m.visible_at,
                 "deadline": m.deadline, "expires_at": m.expires_at,
-                "body": base64.b64encode(m.body).decode("ascii")} for m in rows]
+                "encoding": codec.kind(m.body),
+                "body": base64.b64encode(codec.payload(m.body)).decode("ascii")}
+               for m in rows]
         return web.json_response({"messages": out,
                                   "next_after": int(rows[-1].id) if more else None})
 

@@ -27,6 +27,9 @@ _RECEIPTS_BODY = {"required": False, "content": {"application/json": {"schema": 
                                                   "items": {"type": "string"},
                                                   "maxItems": 1000}},
     "required": ["receipts"]}}}}
+_ENCODING = _q("encoding", {"type": "string", "enum": ["str", "bytes", "json", "pickle"]},
+               "what the body holds, stored with it so every front reads it back the same "
+               "(default: from the Content-Type, else bytes)")
 _PUT_PARAMS = [
     _NAME,
     _q("priority", {"type": "integer", "minimum": 0, "maximum": 1000, "default": 100},
@@ -87,11 +90,16 @@ def document():
                                                               {"type": "integer"}}}}),
                     **_errors(400, 500)}}},
             "/v1/queues/{name}/messages": {
-                "post": {"summary": "put one message; the request body is its bytes",
-                         "parameters": _PUT_PARAMS,
+                "post": {"summary": "put one message; the request body is its bytes, "
+                                    "stored as its Content-Type (or ?encoding=) says: "
+                                    "text/plain a str, application/json a JSON value, "
+                                    "application/x-python-pickle a pickle, anything "
+                                    "else bytes",
+                         "parameters": _PUT_PARAMS + [_ENCODING],
                          "requestBody": {"required": True, "content": {
-                             "application/octet-stream": {"schema": {"type": "string",
-                                                                     "format": "binary"}}}},
+                             t: {"schema": {"type": "string", "format": "binary"}}
+                             for t in ("application/octet-stream", "text/plain",
+                                       "application/json", "application/x-python-pickle")}},
                          "responses": {"200": _ok({"type": "object", "properties": {
                              "id": {"type": "integer"}, "duplicate": {"type": "boolean"}},
                              "required": ["id"]}), **_errors(400, 409, 413, 500)}},
@@ -103,7 +111,7 @@ def document():
                 "summary": "put 1 to 1000 messages in one commit (all or none); the body is "
                            "frames, one per message; options apply to all; an "
                            "Idempotency-Key covers the batch (resend the same batch)",
-                "parameters": _PUT_PARAMS[:4] + _PUT_PARAMS[5:] + [_PUT_PARAMS[4]],
+                "parameters": _PUT_PARAMS[:4] + _PUT_PARAMS[5:] + [_PUT_PARAMS[4], _ENCODING],
                 "requestBody": {"required": True, "content": {
                     "application/vnd.ackqueue.frames": {"schema": {"type": "string",
                                                                    "format": "binary"}}}},
@@ -195,6 +203,10 @@ def document():
                 "deadline": {"type": "number", "nullable": True},
                 "priority": {"type": "integer"},
                 "attributes": {"type": "object", "additionalProperties": {"type": "string"}},
+                "encoding": {"type": "string", "enum": ["str", "bytes", "json", "pickle"],
+                             "description": "what the body holds (ackqueue.codec): UTF-8 "
+                                            "text, bytes, JSON, or a Python pickle, which "
+                                            "the service never unpickles"},
                 "body": {"type": "string", "format": "byte"}}},
         }},
     }

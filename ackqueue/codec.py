@@ -1,0 +1,127 @@
+"""How an item becomes the bytes a queue stores, and back: one rule for every front.
+
+A stored body says how to read it by its first byte, so any front (Python, the HTTP
+service, the command line) reads any body without knowing who wrote it:
+
+- ``\\x01`` + UTF-8: a str, stored as text;
+- ``\\x02`` + bytes: a bytes item, stored as it is;
+- ``\\x03`` + UTF-8 JSON: a JSON value (a queue opened with codec="json");
+- anything else is a pickle (every pickle ackqueue writes starts with ``\\x80``, the PROTO
+  opcode of protocol 2 and later; so does every body of a format-1 file).
+
+So an HTTP client reads as text what Python put as a str, and Python gets a str back for
+what an HTTP client sent as text, and a server that hands bodies to remote clients never
+needs to unpickle anything: ``kind(body)`` and ``payload(body)`` tell it what the bytes are.
+
+A queue's codec (stored with the queue, so producers and consumers agree) decides only how
+items are *encoded*:
+
+- ``"pickle"`` (the default): str as text, bytes as bytes, any other object pickled, so
+  every picklable item queue.Queue took still works;
+- ``"json"``: every item as JSON (TypeError for what JSON cannot encode);
+- ``"str"``: str items only, as text;
+- ``"bytes"``: bytes items only.
+
+Decoding always follows the body's own mark, whatever the queue's codec.
+"""
+import json
+import pickle
+
+from .errors import UnpicklableItem
+
+__all__ = ["CODECS", "DEFAULT", "encode", "decode", "kind", "payload", "mark",
+           "check_codec", "TEXT", "BYTES", "JSON", "PICKLE"]
+
+PICKLE, JSON, TEXT, BYTES = "pickle", "json", "str", "bytes"
+CODECS = (PICKLE, JSON, TEXT, BYTES)
+DEFAULT = PICKLE
+
+_TEXT, _BYTES, _JSON = b"\x01", b"\x02", b"\x03"
+_KINDS = {1: TEXT, 2: BYTES, 3: JSON}
+
+
+def check_codec(codec):
+    """A valid codec name (None: the queue's stored one, or the default)."""
+    if codec is None or codec in CODECS:
+        return codec
+    raise ValueError(f"unknown codec {codec!r}: use one of {', '.join(CODECS)}")
+
+
+def encode(item, codec=DEFAULT):
+    """The bytes to store for item under the queue's codec."""
+    if codec == PICKLE:
+        if type(item) is str:
+            return _TEXT + item.encode("utf-8", "surrogatepass")
+        if type(item) is bytes:
+            return _BYTES + item
+        return _pickle(item)
+    if codec == TEXT:
+        if not isinstance(item, str):
+            raise TypeError(f"a queue with codec 'str' takes str items, not "
+                            f"{type(item).__name__}")
+        return _TEXT + item.encode("utf-8", "surrogatepass")
+    if codec == BYTES:
+        if not isinstance(item, (bytes, bytearray, memoryview)):
+            raise TypeError(f"a queue with codec 'bytes' takes bytes items, not "
+                            f"{type(item).__name__}")
+        return _BYTES + bytes(item)
+    if codec == JSON:
+        try:
+            return _JSON + json.dumps(item, separators=(",", ":"),
+                                      ensure_ascii=False).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"a queue with codec 'json' cannot encode a "
+                            f"{type(item).__name__!r} item: {exc}") from None
+    raise ValueError(f"unknown codec {codec!r}")
+
+
+def _pickle(item):
+    """Pickle an item; anything pickle refuses becomes UnpicklableItem."""
+    try:
+        return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise UnpicklableItem(
+            f"cannot queue a {type(item).__name__!r} item: it cannot be pickled ({exc})"
+        ) from exc
+
+
+def kind(body):
+    """What a stored body holds: "str", "bytes", "json" or "pickle"."""
+    return _KINDS.get(body[0], PICKLE) if body else PICKLE
+
+
+def payload(body):
+    """A stored body's bytes without its mark (a pickle is its own payload)."""
+    return body[1:] if body and body[0] in _KINDS else body
+
+
+def mark(what, data):
+    """The stored body for data (bytes) that a remote client says is a str (UTF-8), bytes,
+    JSON or a pickle; ValueError if data is not what it says (never unpickled: a pickle
+    is only checked to start as one)."""
+    data = bytes(data)
+    if what == TEXT:
+        data.decode("utf-8", "surrogatepass")          # ValueError if it is not UTF-8
+        return _TEXT + data
+    if what == BYTES:
+        return _BYTES + data
+    if what == JSON:
+        json.loads(data)                                # ValueError if it is not JSON
+        return _JSON + data
+    if what == PICKLE:
+        if not data.startswith(b"\x80"):
+            raise ValueError("a pickle body must be pickled with protocol 2 or later")
+        return data
+    raise ValueError(f"unknown encoding {what!r}: use one of {', '.join(CODECS)}")
+
+
+def decode(body):
+    """The item a stored body holds (it unpickles pickles: for trusted queues)."""
+    mark = body[0] if body else None
+    if mark == 1:
+        return body[1:].decode("utf-8", "surrogatepass")
+    if mark == 2:
+        return bytes(body[1:])
+    if mark == 3:
+        return json.loads(body[1:])
+    return pickle.loads(body)
