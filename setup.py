@@ -9,9 +9,10 @@ setup(
     packages=find_packages(include=["ackqueue", "ackqueue.*"]),
     python_requires=">=3.9",
     install_requires=["ZODB>=5.8", "ZEO>=6", "persistent>=4.9", "transaction>=3.0",
-                      "BTrees>=4.11"],
+                      "BTrees>=4.11", "click>=8.1"],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6"],
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "click>=8.1", "rich>=13"],
+        "cli": ["rich>=13"],
         "bench": ["persist-queue>=1.0", "litequeue>=0.9", "matplotlib>=3.7", "psutil>=5.9"],
     },
     entry_points={"console_scripts": ["ackqueue=ackqueue.cli:main"]},
