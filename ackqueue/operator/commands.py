@@ -477,3 +477,40 @@ def main(argv=None):
         click.echo(code, err=True)
         return EXIT_ERROR
     return 0
+
+
+@cli.command()
+@click.argument("path")
+@json_option
+@user_errors
+def check(path, as_json):
+    """Read every transaction and data record of the queue file PATH (a FileStorage
+    file) and report damage with its byte offset, changing nothing: the file is opened
+    read-only, and may be checked while another process holds it.  Exits 1 on damage.
+
+    \b
+    Example:
+      ackqueue check jobs.fs
+    """
+    import os
+    from .check import check_file
+    if path.startswith("zeo://"):
+        raise click.UsageError("check reads a file: run it where the server's file is")
+    if os.path.isdir(path):
+        raise CommandError(f"{path!r} is a directory, not a queue file")
+    if not os.path.exists(path):
+        raise CommandError(f"no queue file at {path!r}")
+    with Progress("checking", total=os.path.getsize(path), unit="bytes") as bar:
+        report = check_file(path, lambda offset: bar.update(completed=offset))
+    if as_json:
+        echo_json(report.as_dict())
+    else:
+        click.echo(f"{path}: {report.size:,} bytes, {report.transactions:,} transactions, "
+                   f"{report.records:,} records read")
+        for d in report.damage:
+            click.echo(f"damage at offset {d.offset}: {d.what}")
+        click.echo("ok: no damage found" if report.ok else
+                   f"DAMAGED: {len(report.damage)} problem(s) found; the file was not "
+                   "changed")
+    if not report.ok:
+        sys.exit(EXIT_ERROR)
