@@ -290,3 +290,65 @@ def test_through_a_server(tmp_path):
         ok("pack", url)
     finally:
         assert server.stop() == 0
+
+
+def tmux(socket, *args):
+    return subprocess.run(["tmux", "-L", socket, *args], capture_output=True, text=True,
+                          timeout=TIMEOUT)
+
+
+def wait_for_screen(socket, predicate, what):
+    deadline = time.monotonic() + 30                  # a failure bound only
+    screen = ""
+    while time.monotonic() < deadline:
+        screen = tmux(socket, "capture-pane", "-p", "-t", "top").stdout
+        if predicate(screen):
+            return screen
+        time.sleep(0.1)
+    raise AssertionError(f"{what} never showed; the screen:\n{screen}")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
+def test_top_in_a_real_terminal_shows_counts_and_rates_and_quits_on_q(tmp_path):
+    server = Server(tmp_path / "served.fs", tmp_path / "server.log")
+    socket = f"ackqueue-test-{os.getpid()}"
+    rc_file = tmp_path / "rc"
+    try:
+        ok("put", server.url, "jobs", "-", input="a\nb\nc\n")
+        command = f"{console_script()} top {server.url}; echo $? > {rc_file}"
+        assert tmux(socket, "new-session", "-d", "-s", "top", "-x", "120", "-y", "20",
+                    command).returncode == 0
+        screen = wait_for_screen(socket, lambda s: "jobs" in s, "the jobs queue")
+        assert "READY" in screen and "IN/S" in screen and "q to quit" in screen
+        row = next(line for line in screen.splitlines() if "jobs" in line)
+        assert row.replace("│", " ").split()[1:4] == ["3", "0", "0"], screen
+        # Another process puts 40 messages: the live view shows them and an in-rate.
+        ok("put", server.url, "jobs", "-", input="".join(f"m{i}\n" for i in range(40)))
+        ok("put", server.url, "other", "x")
+
+        def updated(s):
+            cells = [line.replace("│", " ").split() for line in s.splitlines()]
+            jobs = [c for c in cells if c and c[0] == "jobs"]
+            return jobs and jobs[0][1] == "43" and any(c and c[0] == "other" for c in cells)
+        screen = wait_for_screen(socket, updated, "43 ready messages")
+        row = next(line for line in screen.splitlines() if "jobs" in line)
+        assert float(row.replace("│", " ").split()[4]) > 0, screen     # IN/S
+        tmux(socket, "send-keys", "-t", "top", "q")
+        deadline = time.monotonic() + 30
+        while not rc_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rc_file.read_text().strip() == "0"
+    finally:
+        tmux(socket, "kill-server")
+        assert server.stop() == 0
+
+
+def test_top_off_a_terminal_prints_plain_tables(tmp_path):
+    path = tmp_path / "jobs.fs"
+    ok("put", path, "jobs", "x")
+    proc = ok("top", path, "--iterations", "2", "--interval", "0.2")
+    assert "\x1b" not in proc.stdout
+    tables = [block for block in proc.stdout.split("\n\n") if block.strip()]
+    assert len(tables) == 2
+    assert tables[1].splitlines()[2].split() == ["jobs", "1", "0", "0", "0.0", "0.0", "1",
+                                                 "0", "0"]

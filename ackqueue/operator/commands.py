@@ -514,3 +514,25 @@ def check(path, as_json):
                    "changed")
     if not report.ok:
         sys.exit(EXIT_ERROR)
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+              help="seconds between refreshes")
+@click.option("--iterations", "-n", type=click.IntRange(min=1), default=None,
+              help="stop after this many refreshes (default: until q or Ctrl-C)")
+@user_errors
+def top(target, interval, iterations):
+    """A live view of every queue of TARGET: ready, in flight and delayed counts, and
+    in/out rates (messages put or moved in, and acknowledged, dead-lettered, expired or
+    purged, per second, over the last 10 s), refreshed each second.  Quit with q or Ctrl-C.  When the output
+    is not a terminal, a plain table is printed at each refresh instead.
+
+    \b
+    Example:
+      ackqueue top zeo://127.0.0.1:8100
+    """
+    from .top import run_top
+    with Target(target) as t:
+        run_top(t, target, interval, iterations)

@@ -46,11 +46,8 @@ def seconds(value):
 
 
 def rich_available():
-    try:
-        import rich  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+    return importlib.util.find_spec("rich") is not None
 
 
 def bars_enabled():
