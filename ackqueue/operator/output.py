@@ -46,8 +46,12 @@ def seconds(value):
 
 
 def rich_available():
-    import importlib.util
-    return importlib.util.find_spec("rich") is not None
+    import importlib
+    try:
+        importlib.import_module("rich")
+    except ImportError:
+        return False
+    return True
 
 
 def bars_enabled():
