@@ -352,3 +352,43 @@ def test_top_off_a_terminal_prints_plain_tables(tmp_path):
     assert len(tables) == 2
     assert tables[1].splitlines()[2].split() == ["jobs", "1", "0", "0", "0.0", "0.0", "1",
                                                  "0", "0"]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
+def test_progress_bars_in_a_real_terminal(tmp_path):
+    lines = "".join(json.dumps({"body": f"m{i}"}) + "\n" for i in range(3000))
+    (tmp_path / "in.jsonl").write_text(lines)
+    socket = f"ackqueue-bars-{os.getpid()}"
+    script = console_script()
+    path = tmp_path / "jobs.fs"
+    command = (f"{script} import {path} jobs {tmp_path / 'in.jsonl'} && "
+               f"{script} export {path} jobs {tmp_path / 'out.jsonl'} && "
+               f"{script} check {path} && echo ALL-DONE; sleep 30")
+    try:
+        assert tmux(socket, "new-session", "-d", "-s", "top", "-x", "150", "-y", "20",
+                    command).returncode == 0
+        screen = wait_for_screen(socket, lambda s: "ALL-DONE" in s, "the end of the commands")
+    finally:
+        tmux(socket, "kill-server")
+    bars = [line for line in screen.splitlines() if "━" in line]
+    assert any("importing" in b and "3000/3000" in b and "messages/s" in b for b in bars), screen
+    assert any("exporting" in b and "3000/3000" in b for b in bars), screen
+    assert any("checking" in b for b in bars), screen
+    assert "imported 3000" in screen and "exported 3000" in screen and "ok: no damage" in screen
+
+
+def test_export_import_of_100000_messages(tmp_path):
+    lines = "".join(json.dumps({"body": f"message {i}", "attributes": {"n": str(i)},
+                                "priority": i % 3}) + "\n" for i in range(100000))
+    (tmp_path / "in.jsonl").write_text(lines)
+    assert "imported 100000" in ok("import", tmp_path / "a.fs", "jobs",
+                                   tmp_path / "in.jsonl").stdout
+    assert "exported 100000" in ok("export", tmp_path / "a.fs", "jobs",
+                                   tmp_path / "out.jsonl").stdout
+    exported = [json.loads(line) for line in (tmp_path / "out.jsonl").open()]
+    assert len(exported) == 100000
+    # Priority 2 first, then 1, then 0, each in put order.
+    expected = sorted(range(100000), key=lambda i: (-(i % 3), i))
+    assert [m["body"] for m in exported] == [f"message {i}" for i in expected]
+    assert all(m["attributes"] == {"n": m["body"].split()[1]} for m in exported)
+    assert as_json("ls", tmp_path / "a.fs")["jobs"]["ready"] == 100000

@@ -41,7 +41,7 @@ class Group(click.Group):
 
 @click.group(cls=Group, help=GROUP_HELP, context_settings=CONTEXT)
 def cli():
-    logging.getLogger("ZEO").setLevel(logging.CRITICAL)
+    pass
 
 
 json_option = click.option("--json", "as_json", is_flag=True,
@@ -253,10 +253,11 @@ def put(target, queue, body, jsonl, priority, delay, attributes):
     click.echo(f"put {n} message{'s' if n != 1 else ''} into {queue!r}")
 
 
-def put_lines(q, stream, options, description, total_bytes=None):
+def put_lines(q, stream, options, description, total=None):
     """Put the messages of stream (text lines with options, or JSON lines when options is
     None) into q, IMPORT_BATCH per commit; returns how many.  A bad JSON line stops the
-    command before anything of its batch is put; the error says how many were put."""
+    command before anything of its batch is put; the error says how many were put.
+    total: the number of lines, for the progress bar (None: unknown)."""
     done = 0
     batch = []
 
@@ -268,11 +269,11 @@ def put_lines(q, stream, options, description, total_bytes=None):
         done += len(batch)
         batch.clear()
 
-    with Progress(description, total=total_bytes,
-                  unit="bytes" if total_bytes else "messages") as bar:
+    with Progress(description, total=total) as bar:
         for number, line in enumerate(stream, 1):
             if options is None:
                 if not line.strip():
+                    bar.advance()
                     continue
                 try:
                     batch.append(parse_line(line, number))
@@ -281,12 +282,24 @@ def put_lines(q, stream, options, description, total_bytes=None):
                                        "none from its batch on") from None
             else:
                 batch.append((line.rstrip("\n").rstrip("\r"), options))
-            bar.advance(len(line.encode("utf-8")) if total_bytes else 1)
             if len(batch) >= IMPORT_BATCH:
                 flush()
+                bar.advance(IMPORT_BATCH)
         if batch:
+            n = len(batch)
             flush()
+            bar.advance(n)
     return done
+
+
+def count_lines(path):
+    """The number of lines of a file (for import's progress bar), read in 1 MiB blocks."""
+    lines, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
 
 
 @cli.command()
@@ -454,13 +467,12 @@ def import_(target, queue, file):
     Example:
       ackqueue import other.fs jobs backlog.jsonl
     """
-    import os
-    size = None if file == "-" else os.path.getsize(file)
+    total = None if file == "-" else count_lines(file)
     with Target(target, create=True) as t:
         q = t.queue(queue, must_exist=False)
         stream = click.open_file(file, "r", encoding="utf-8")
         with stream:
-            n = put_lines(q, stream, None, "importing", total_bytes=size or None)
+            n = put_lines(q, stream, None, "importing", total=total)
     click.echo(f"imported {n} message{'s' if n != 1 else ''} into {queue!r}")
 
 

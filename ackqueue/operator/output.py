@@ -85,9 +85,13 @@ class Progress:
                     speed = task.finished_speed or task.speed
                     return Text("" if speed is None else f"{speed:,.0f} {unit}/s")
 
-            columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                       MofNCompleteColumn(), Rate(), TimeElapsedColumn(),
-                       TextColumn("left"), TimeRemainingColumn()]
+            if self.total is None:            # one store operation: how long it runs
+                columns = [SpinnerColumn(), TextColumn("{task.description}"),
+                           TimeElapsedColumn()]
+            else:
+                columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                           MofNCompleteColumn(), Rate(), TimeElapsedColumn(),
+                           TextColumn("left"), TimeRemainingColumn()]
             self._progress = RichProgress(*columns, console=Console(stderr=True),
                                           transient=False)
             self._progress.__enter__()

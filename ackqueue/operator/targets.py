@@ -1,6 +1,7 @@
 """Opening a TARGET (a queue file or a zeo:// URL) for a command, and the errors and exit
 codes the commands share."""
 import functools
+import logging
 import os
 
 import click
@@ -57,7 +58,10 @@ class Target:
 
     def __init__(self, where, *, create=False):
         self.where = where
-        if not is_server(where):
+        if is_server(where):
+            # ZEO's client logs its reconnection attempts; the command says it in one line.
+            logging.getLogger("ZEO").setLevel(logging.CRITICAL)
+        else:
             if os.path.isdir(where):
                 raise CommandError(f"{where!r} is a directory, not a queue file")
             if not create and not os.path.exists(where):
