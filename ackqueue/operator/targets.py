@@ -1,0 +1,114 @@
+"""Opening a TARGET (a queue file or a zeo:// URL) for a command, and the errors and exit
+codes the commands share."""
+import functools
+import logging
+import os
+
+import click
+import transaction
+
+from .. import store
+from ..errors import AckQueueError
+from ..queue import AckLifoQueue, AckPriorityQueue, AckQueue
+from ..storage import open_database
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
+
+CLASSES = {store.FIFO: AckQueue, store.LIFO: AckLifoQueue, store.VALUE: AckPriorityQueue}
+
+
+class CommandError(click.ClickException):
+    """A one-line error, exit code 1."""
+
+    exit_code = EXIT_ERROR
+
+
+class QueueNotFound(CommandError):
+    exit_code = EXIT_NOT_FOUND
+
+
+def user_errors(func):
+    """Turn the errors a user's mistake causes (a bad path, a locked file, a server that
+    is not there, a bad option value) into one-line errors instead of tracebacks."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except (AckQueueError, OSError, ValueError, TypeError) as exc:
+            raise CommandError(_one_line(exc)) from None
+    return wrapper
+
+
+def _one_line(exc):
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.filename and exc.strerror and str(exc.filename) not in text:
+        text = f"{exc.strerror}: {exc.filename}"
+    return " ".join(text.split())
+
+
+def is_server(where):
+    return where.startswith("zeo://")
+
+
+class Target:
+    """An open TARGET: ``with Target(where) as t: t.queue("jobs")``.  A file that does
+    not exist is an error unless create=True (put and import create it)."""
+
+    def __init__(self, where, *, create=False):
+        self.where = where
+        if is_server(where):
+            # ZEO's client logs its reconnection attempts; the command says it in one line.
+            logging.getLogger("ZEO").setLevel(logging.CRITICAL)
+        else:
+            if os.path.isdir(where):
+                raise CommandError(f"{where!r} is a directory, not a queue file")
+            if not create and not os.path.exists(where):
+                raise CommandError(f"no queue file at {where!r}")
+        self.database = open_database(where)
+        self._queues = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self):
+        for q in self._queues:
+            q.close()
+        self._queues = []
+        if self.database is not None:
+            self.database._release()
+            self.database = None
+
+    def catalog(self):
+        """{name: {"kind": kind, "ready", "in_flight", "delayed", and the lifetime totals}}
+        for every queue of the store, read from a fresh snapshot (changes nothing)."""
+        tm = transaction.TransactionManager()
+        conn = self.database.db.open(transaction_manager=tm)
+        try:
+            tm.begin()
+            root = conn.root().get(store.ROOT_KEY)
+            result = {}
+            for name, rec in (root.queues.items() if root is not None else ()):
+                counts = {f: rec.counts.get(f) for f in store.Counters.FIELDS}
+                counts["in_flight"] = counts.pop("inflight")
+                result[name] = {"kind": rec.kind, **counts}
+            tm.abort()
+            return result
+        finally:
+            conn.close()
+
+    def queue(self, name, *, must_exist=True):
+        """The queue called name, opened with its own class (FIFO, LIFO or priority).  A
+        missing queue raises QueueNotFound (exit 3) unless must_exist is False; then it
+        is created as a FIFO queue by the first put."""
+        kind = self.catalog().get(name, {}).get("kind")
+        if kind is None and must_exist:
+            raise QueueNotFound(f"queue {name!r} not found in {self.where}")
+        q = CLASSES[kind or store.FIFO](path=self.where, name=name)
+        self._queues.append(q)
+        return q
