@@ -144,7 +144,8 @@ class AckQueue(_stdlib_queue.Queue):
 
     AckQueue(maxsize=0, *, path=None, db=None, name="default", visibility_timeout=None,
     clock=None, thread_exit="auto", durability=None, lifo=False, max_receives=None,
-    dead_letter=None, retention=None, dedup_window=300, autopack=None, max_item_size=None)
+    dead_letter=None, retention=None, dedup_window=300, autopack=None, max_item_size=None,
+    repair=False)
 
     - no path and no db: an in-memory ZODB storage (same semantics, nothing survives);
     - path="jobs.fs": a ZODB FileStorage file, created if missing;
@@ -175,7 +176,9 @@ class AckQueue(_stdlib_queue.Queue):
       no limit, as queue.Queue has none: a drop-in must take every item the code it
       replaces took.  It is this queue object's rule, checked in the putting process before
       the commit, and not recorded in the storage: items already stored (put without a
-      limit, or by another process) are still delivered, given back and redriven.
+      limit, or by another process) are still delivered, given back and redriven;
+    - repair (files only): a file damaged in its middle (StorageError naming the offset)
+      is cut at the damage, the cut bytes kept beside it (see ackqueue.storage.repair).
     """
 
     _kind = store.FIFO
@@ -183,7 +186,8 @@ class AckQueue(_stdlib_queue.Queue):
     def __init__(self, maxsize=0, *, path=None, db=None, name="default",
                  visibility_timeout=None, clock=None, thread_exit="auto", durability=None,
                  lifo=False, max_receives=None, dead_letter=None, retention=None,
-                 dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None):
+                 dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None,
+                 repair=False):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -211,7 +215,7 @@ class AckQueue(_stdlib_queue.Queue):
         self._local = threading.local()
         self._connections = weakref.WeakSet()
         self._clock = clock = clock or time.time
-        self._database = open_database(path, db, durability)
+        self._database = open_database(path, db, durability, repair)
         try:
             self._state = self._database.state(name, kind, clock)
             if self._state.kind != kind:
