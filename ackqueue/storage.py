@@ -498,6 +498,15 @@ def _app_database(db):
     if not isinstance(db, ZODB.DB):
         raise TypeError(f"db= must be a ZODB.DB, not {type(db).__name__}")
     key = ("db", id(db))
+    # q.db of a queue file this process opened: the same handle (one committer, closed
+    # with its last queue, in any order), not a second one over the same DB.
+    with _registry_lock:
+        for handle in _registry.values():
+            if handle.db is db:
+                with handle.lock:
+                    if not handle.closed:
+                        handle.refs += 1
+                        return handle
     # A FileStorage is locked to one process and a MappingStorage lives in it, so what is
     # in flight there at open belongs to no live holder.  Anything else (a ZEO client
     # storage) may be shared with live processes.

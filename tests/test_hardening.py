@@ -72,3 +72,31 @@ def test_thread_dying_gives_back_with_an_app_hook_in_a_fresh_process(tmp_path, w
     """, tmp_path / "q.fs", when)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"body": "job", "count": 2, "hook": ["RuntimeError"]}
+
+
+# -- 7. found by trying the product by hand --------------------------------------------
+
+@pytest.mark.parametrize("first", ["file-queue", "db-queue"])
+def test_close_in_either_order_with_a_queue_on_the_same_db(tmp_path, first):
+    path = tmp_path / "q.fs"
+    q = AckQueue(path=path)
+    other = AckQueue(db=q.db, name="other")
+    other.put("x")
+    q.put("y")
+    one, two = (q, other) if first == "file-queue" else (other, q)
+    one.close()
+    two.put("z")                                  # the second one still works
+    two.close()
+    assert not (tmp_path / "q.fs.lock").exists() or _unlocked(path)
+    with AckQueue(path=path, name="other") as again:
+        expected = ["x", "z"] if two is other else ["x"]
+        assert drain(again) == expected
+    with AckQueue(path=path) as again:
+        assert drain(again) == (["y", "z"] if two is q else ["y"])
+
+
+def _unlocked(path):
+    import zc.lockfile
+    lock = zc.lockfile.LockFile(str(path) + ".lock")
+    lock.close()
+    return True
