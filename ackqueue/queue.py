@@ -280,6 +280,7 @@ class AckQueue(_stdlib_queue.Queue):
     @property
     def unfinished_tasks(self):
         """Messages put and not yet acknowledged (queue.Queue's counter, persistent)."""
+        self._check_open()
         with self.mutex:
             return self._state.unfinished()
 
@@ -442,6 +443,7 @@ class AckQueue(_stdlib_queue.Queue):
 
     def counts(self):
         """{"ready", "in_flight", "delayed"}: the queue's current sizes."""
+        self._check_open()
         return self._state.counts()
 
     def stats(self):
@@ -483,6 +485,7 @@ class AckQueue(_stdlib_queue.Queue):
         """Acknowledge the oldest item the calling thread received and has not acknowledged
         (another thread's oldest, if this one holds none), keeping queue.Queue's counting:
         ValueError when there is nothing left to acknowledge."""
+        self._check_open()
         own = getattr(self._local, "conn", None)
         candidates = [own] if own is not None else []
         candidates += [c for c in list(self._connections) if c is not own]
@@ -494,14 +497,18 @@ class AckQueue(_stdlib_queue.Queue):
         raise ValueError("task_done() called too many times")
 
     def join(self):
-        """Block until every item put has been acknowledged."""
+        """Block until every item put has been acknowledged (ValueError if the queue is
+        closed meanwhile)."""
+        self._check_open()
         self._state.acknowledging = True
         with self.all_tasks_done:
             while self._state.unfinished() and not self.shutdown_immediate:
                 self.all_tasks_done.wait()
+                self._check_open()
 
     def qsize(self):
         """The number of ready items (not counting items in flight)."""
+        self._check_open()
         with self.mutex:
             self._state.expire_due()
             return self._state.ready_count()
@@ -510,6 +517,7 @@ class AckQueue(_stdlib_queue.Queue):
         return not self.qsize()
 
     def full(self):
+        self._check_open()
         with self.mutex:
             return 0 < self.maxsize <= self._state.size_for_maxsize()
 
@@ -546,6 +554,8 @@ class AckQueue(_stdlib_queue.Queue):
         self._closed = True
         for conn in list(self._connections):
             conn.close()
+        with self.mutex:
+            self.all_tasks_done.notify_all()      # a join() in progress raises "closed"
         self._database._release()
 
     def __enter__(self):

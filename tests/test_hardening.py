@@ -100,3 +100,45 @@ def _unlocked(path):
     lock = zc.lockfile.LockFile(str(path) + ".lock")
     lock.close()
     return True
+
+
+AFTER_CLOSE = [
+    ("put", lambda q: q.put(1)), ("get", lambda q: q.get()),
+    ("get_nowait", lambda q: q.get_nowait()), ("qsize", lambda q: q.qsize()),
+    ("empty", lambda q: q.empty()), ("full", lambda q: q.full()),
+    ("counts", lambda q: q.counts()), ("stats", lambda q: q.stats()),
+    ("unfinished_tasks", lambda q: q.unfinished_tasks), ("join", lambda q: q.join()),
+    ("task_done", lambda q: q.task_done()), ("peek", lambda q: q.peek()),
+    ("browse", lambda q: q.browse()), ("ack", lambda q: q.ack("a")),
+    ("transaction", lambda q: q.transaction()), ("connect", lambda q: q.connect()),
+    ("purge", lambda q: q.purge()), ("next_ready_at", lambda q: q.next_ready_at()),
+]
+
+
+@pytest.mark.parametrize("call", [c[1] for c in AFTER_CLOSE], ids=[c[0] for c in AFTER_CLOSE])
+def test_every_method_after_close_says_closed(call):
+    q = AckQueue()
+    q.put("a")
+    q.put("b")
+    q.get()                                       # unfinished items: join would wait
+    q.close()
+    with pytest.raises(ValueError, match="is closed"):
+        call(q)
+
+
+def test_join_in_another_thread_ends_when_the_queue_closes():
+    q = AckQueue()
+    q.put("a")
+    errors = []
+
+    def joiner():
+        try:
+            q.join()
+        except ValueError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=joiner)
+    t.start()          # waiting in join() or not yet there: either way it must end
+    q.close()
+    t.join(BOUND)
+    assert not t.is_alive() and "is closed" in str(errors[0])
