@@ -112,6 +112,16 @@ def check_item_sizes(pairs, limit):
                 f"{lost}", size=len(body), limit=limit, index=index)
 
 
+def check_wait(block, timeout):
+    """queue.Queue's rule for a put's or get's timeout: ignored when not blocking; a bool
+    is an int (True: one second); otherwise a non-negative number or None."""
+    if not block:
+        return None
+    if isinstance(timeout, bool):
+        return int(timeout)
+    return check_timeout(timeout)
+
+
 def check_visibility(value):
     """A visibility timeout is None (held until acknowledged) or a positive number."""
     if value is None:
@@ -339,7 +349,7 @@ class QueueConnection:
                  dedup_ids=None):
         """Put items in one commit; returns their MessageIds (None for ids a server gives
         only when a transaction block commits)."""
-        check_timeout(timeout)
+        timeout = check_wait(block, timeout)
         pairs = [(item, dumps(item)) for item in items]
         check_item_sizes(pairs, self._front.max_item_size)    # the bytes the store keeps
         if dedup_ids is None:
@@ -428,7 +438,7 @@ class QueueConnection:
     def _receive(self, block, timeout, visibility_timeout, shuffle=False, policy=None, n=None):
         """One Holding (n None), or a list of 1 to n (all claimed under one mutex)."""
         self._check_thread()
-        check_timeout(timeout)
+        timeout = check_wait(block, timeout)
         if visibility_timeout is DEFAULT:
             visibility_timeout = self._front.visibility_timeout
         visibility_timeout = check_visibility(visibility_timeout)

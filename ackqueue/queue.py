@@ -494,6 +494,14 @@ class AckQueue(_stdlib_queue.Queue):
             if h is not None:
                 self._conn().ack_holding(h)
                 return
+        unfinished = self._state.unfinished()
+        if unfinished:
+            raise ValueError(
+                f"task_done(): no thread holds an item received from queue {self.name!r} "
+                f"through this queue object and not yet acknowledged, so there is nothing "
+                f"to acknowledge ({unfinished} unfinished item(s) wait to be received, or "
+                "are held through another queue object or process); acknowledge an item "
+                "after a get() has received it")
         raise ValueError("task_done() called too many times")
 
     def join(self):

@@ -142,3 +142,38 @@ def test_join_in_another_thread_ends_when_the_queue_closes():
     q.close()
     t.join(BOUND)
     assert not t.is_alive() and "is closed" in str(errors[0])
+
+
+def test_timeouts_as_the_standard_library_takes_them():
+    import queue
+    # A bounded queue: queue.Queue checks a put's timeout only when it may have to wait;
+    # AckQueue refuses a blocking put's negative timeout even unbounded (a bug caught early).
+    for q in (queue.Queue(maxsize=5), AckQueue(maxsize=5)):
+        with pytest.raises(queue.Empty):
+            q.get(block=False, timeout=-1)        # not blocking: the timeout is ignored
+        with pytest.raises(queue.Empty):
+            q.get(timeout=True)                   # a bool is an int: one second
+        q.put("a", block=False, timeout=-1)
+        q.put("b", timeout=True)
+        assert q.get(block=False, timeout=-1) == "a"
+        assert q.get(timeout=False) == "b"        # False: 0 s, and "b" is there
+        with pytest.raises(ValueError, match="non-negative"):
+            q.get(timeout=-1)
+        with pytest.raises(ValueError, match="non-negative"):
+            q.put("c", timeout=-1)
+
+
+def test_task_done_with_nothing_held_says_what_is_wrong():
+    q = AckQueue()
+    for item in ("a", "b", "c"):
+        q.put(item)
+    with pytest.raises(ValueError) as info:
+        q.task_done()
+    assert "too many times" not in str(info.value)
+    assert "3 unfinished" in str(info.value) and "get()" in str(info.value)
+    q.get()
+    q.task_done()
+    q.get(), q.get()
+    q.task_done(), q.task_done()
+    with pytest.raises(ValueError, match="called too many times"):
+        q.task_done()                            # now it really is too many
