@@ -20,6 +20,7 @@ import itertools
 import logging
 import os
 import queue as _queue
+import stat
 import threading
 from time import monotonic as _monotonic
 from urllib.parse import parse_qs, urlsplit
@@ -374,6 +375,7 @@ def open_file_storage(path, durability="fsync", repair=False):
             f"cannot create queue file {path!r}: directory {directory!r} does not exist")
     if os.path.isdir(path):
         raise IsADirectoryError(f"queue path {path!r} is a directory, not a queue file")
+    _check_regular(path)
     cls = FileStorage if check_durability(durability) == "fsync" else OSDurableFileStorage
     had_tmp = os.path.exists(path + ".tmp")
     if os.path.exists(path):
@@ -402,6 +404,27 @@ def open_file_storage(path, durability="fsync", repair=False):
                            f"({type(exc).__name__}: {exc}); the file was left as it is"
                            ) from exc
     return storage
+
+
+def _check_regular(path):
+    """Refuse what is not a regular file (a device, a FIFO: /dev/null failed deep in
+    ZODB), and an empty file that no interrupted creation left.  FileStorage takes
+    PATH.lock and makes PATH.tmp before it creates PATH, so a crash while creating a
+    queue file leaves an empty PATH with both beside it: that one is adopted, as the queue
+    file it was meant to be.  Any other empty file (made by someone else, truncated by a
+    tool) is refused: ackqueue never takes over a file it did not make."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise NotAQueueFile(f"{path!r} is not a regular file, so it cannot hold a queue "
+                            "(choose the path of a queue file, or a new one)")
+    if st.st_size == 0 and not (os.path.exists(path + ".lock")
+                                and os.path.exists(path + ".tmp")):
+        raise NotAQueueFile(
+            f"{path!r} is an empty file that ackqueue did not create, so it was left as it "
+            "is; delete it (or choose another path) to create a queue file there")
 
 
 def _locked_error(path):

@@ -177,3 +177,33 @@ def test_task_done_with_nothing_held_says_what_is_wrong():
     q.task_done(), q.task_done()
     with pytest.raises(ValueError, match="called too many times"):
         q.task_done()                            # now it really is too many
+
+
+@pytest.mark.parametrize("target", ["/dev/null", "fifo"])
+def test_what_is_not_a_regular_file_is_refused_with_its_path(tmp_path, target):
+    import os
+    from ackqueue import NotAQueueFile
+    if target == "fifo":
+        target = str(tmp_path / "fifo")
+        os.mkfifo(target)
+    before = set(os.listdir(tmp_path))
+    with pytest.raises(NotAQueueFile, match=f"{target!r} is not a regular file"):
+        AckQueue(path=target)
+    assert set(os.listdir(tmp_path)) == before
+
+
+def test_an_empty_file_is_adopted_only_where_an_interrupted_creation_left_it(tmp_path):
+    from ackqueue import NotAQueueFile
+    path = tmp_path / "empty.fs"
+    path.write_bytes(b"")                          # someone else's empty file
+    with pytest.raises(NotAQueueFile, match="empty file that ackqueue did not create"):
+        AckQueue(path=path)
+    assert path.read_bytes() == b"" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "empty.fs"]
+    # What a crash while FileStorage created it leaves: .lock and .tmp, then the file.
+    (tmp_path / "empty.fs.lock").write_bytes(b"")
+    (tmp_path / "empty.fs.tmp").write_bytes(b"")
+    with AckQueue(path=path) as q:
+        q.put("x")
+    with AckQueue(path=path) as q:
+        assert drain(q) == ["x"]
