@@ -408,11 +408,11 @@ def open_file_storage(path, durability="fsync", repair=False):
 
 def _check_regular(path):
     """Refuse what is not a regular file (a device, a FIFO: /dev/null failed deep in
-    ZODB), and an empty file that no interrupted creation left.  FileStorage takes
-    PATH.lock and makes PATH.tmp before it creates PATH, so a crash while creating a
-    queue file leaves an empty PATH with both beside it: that one is adopted, as the queue
-    file it was meant to be.  Any other empty file (made by someone else, truncated by a
-    tool) is refused: ackqueue never takes over a file it did not make."""
+    ZODB).  An empty file is adopted as a new queue file, with a WARNING naming it: it is
+    what a crash while FileStorage created the file leaves, and what a power cut leaves
+    when the file's first bytes had not reached the disk (its .lock and .tmp may or may
+    not have survived), so refusing it would make such a queue unopenable; it holds
+    nothing that adopting it could lose."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -420,11 +420,9 @@ def _check_regular(path):
     if not stat.S_ISREG(st.st_mode):
         raise NotAQueueFile(f"{path!r} is not a regular file, so it cannot hold a queue "
                             "(choose the path of a queue file, or a new one)")
-    if st.st_size == 0 and not (os.path.exists(path + ".lock")
-                                and os.path.exists(path + ".tmp")):
-        raise NotAQueueFile(
-            f"{path!r} is an empty file that ackqueue did not create, so it was left as it "
-            "is; delete it (or choose another path) to create a queue file there")
+    if st.st_size == 0:
+        log.warning("ackqueue: %r is an empty file (as a crash while creating a queue file "
+                    "leaves it); making it a new, empty queue file", path)
 
 
 def _locked_error(path):
