@@ -20,6 +20,7 @@ import itertools
 import logging
 import os
 import queue as _queue
+import socket
 import stat
 import threading
 from time import monotonic as _monotonic
@@ -312,9 +313,27 @@ def parse_zeo_url(url):
     return (parts.hostname, port), options
 
 
+def _probe_server(url, addr, wait):
+    """Fail at once when the server's host cannot be resolved; log once (WARNING) when
+    nothing listens there yet, before ZEO's client waits up to wait seconds in silence."""
+    try:
+        socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ServerUnavailable(
+            f"cannot reach the queue server at {url}: host {addr[0]!r} cannot be resolved "
+            f"({exc.strerror})") from None
+    try:
+        socket.create_connection(addr, timeout=min(wait, 5.0)).close()
+    except OSError as exc:
+        log.warning("ackqueue: no queue server answers at %s:%s yet (%s); waiting up to "
+                    "%g s for it (wait_timeout) before raising ServerUnavailable",
+                    addr[0], addr[1], exc.strerror or type(exc).__name__, wait)
+
+
 def _open_zeo(url):
     addr, options = parse_zeo_url(url)
     wait = options.get("wait_timeout", 30.0)
+    _probe_server(url, addr, wait)
     for attempt in range(10):
         try:
             storage = _NotifyingClientStorage(addr, wait_timeout=wait)

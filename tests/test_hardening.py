@@ -205,3 +205,19 @@ def test_an_empty_file_is_adopted_with_a_warning(tmp_path, caplog):
                for r in caplog.records)
     with AckQueue(path=path) as q:
         assert drain(q) == ["x"]
+
+
+def test_unreachable_server_warns_once_and_unresolvable_fails_at_once(caplog):
+    import logging
+    import socket
+    from ackqueue import ServerUnavailable
+    with pytest.raises(ServerUnavailable, match="'no-such-host.invalid' cannot be resolved"):
+        AckQueue(path="zeo://no-such-host.invalid:8100?wait_timeout=30")
+    with socket.socket() as s:               # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with caplog.at_level(logging.WARNING, logger="ackqueue.storage"):
+        with pytest.raises(ServerUnavailable):
+            AckQueue(path=f"zeo://127.0.0.1:{port}?wait_timeout=0.5")
+    waiting = [r for r in caplog.records if "waiting up to" in r.getMessage()]
+    assert len(waiting) == 1 and f"127.0.0.1:{port}" in waiting[0].getMessage()
