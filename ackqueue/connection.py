@@ -35,18 +35,51 @@ __all__ = ["QueueConnection", "TransactionBlock"]
 DEFAULT = object()          # "use the queue's default visibility timeout"
 
 # Threads whose run() raised: what they held is given back even in plain queue.Queue code.
-# Recorded by a threading.excepthook that hands over to the hook it replaced.
+# threading.excepthook is the application's (a logging setup or an error reporter may
+# replace it at any time, before or after a queue exists), so the failure is caught one
+# step earlier: every threading.Thread calls its own _invoke_excepthook (made per thread by
+# threading._make_invoke_excepthook, CPython 3.8 to 3.13) when run() raises, before the
+# thread counts as ended.  A thread that uses a queue gets that attribute wrapped once.
 _failed_threads = weakref.WeakSet()
-_previous_excepthook = threading.excepthook
+_watched_threads = weakref.WeakSet()
 
 
-def _record_failed_thread(args):
-    if args.thread is not None:
-        _failed_threads.add(args.thread)
-    _previous_excepthook(args)
+def watch_thread_failure(thread):
+    """Record thread in _failed_threads if its run() raises, whatever threading.excepthook
+    is by then (called in thread itself, before it holds anything)."""
+    if thread in _watched_threads:
+        return
+    invoke = getattr(thread, "_invoke_excepthook", None)
+    if invoke is None:          # not a threading.Thread we know: the global hook, below
+        _install_global_hook()
+        return
+
+    def invoke_and_record(t, _invoke=invoke):
+        _failed_threads.add(t)
+        _invoke(t)
+
+    thread._invoke_excepthook = invoke_and_record
+    _watched_threads.add(thread)
 
 
-threading.excepthook = _record_failed_thread
+def _install_global_hook():
+    """Fallback for a Python whose threads have no _invoke_excepthook: chain the current
+    threading.excepthook (an application hook installed later replaces it)."""
+    previous = threading.excepthook
+    if getattr(previous, "_ackqueue", False):
+        return
+
+    def record_failed_thread(args):
+        if args.thread is not None:
+            _failed_threads.add(args.thread)
+        previous(args)
+    record_failed_thread._ackqueue = True
+    log.warning("ackqueue: this Python's threads have no _invoke_excepthook; a thread "
+                "that dies of an exception is noticed only while threading.excepthook "
+                "stays the one ackqueue chained")
+    threading.excepthook = record_failed_thread
+
+
 RELEASED_KEPT = 1024        # given-back deliveries remembered to explain a late ack
 UNREADABLE_DELAY = 60.0     # seconds a message whose item cannot be unpickled is set aside
 
@@ -74,6 +107,16 @@ def check_item_sizes(pairs, limit):
                 f"cannot queue {which}: a {type(item).__name__!r} that encodes to "
                 f"{len(body)} bytes, over the queue's max_item_size of {limit} bytes; "
                 f"{lost}", size=len(body), limit=limit, index=index)
+
+
+def check_wait(block, timeout):
+    """queue.Queue's rule for a put's or get's timeout: ignored when not blocking; a bool
+    is an int (True: one second); otherwise a non-negative number or None."""
+    if not block:
+        return None
+    if isinstance(timeout, bool):
+        return int(timeout)
+    return check_timeout(timeout)
 
 
 def check_visibility(value):
@@ -250,6 +293,7 @@ class QueueConnection:
         self._state = state
         if thread_bound:
             self._thread = weakref.ref(threading.current_thread())
+            watch_thread_failure(threading.current_thread())
         else:
             self.thread_bound = False     # never given back for a thread's end
             self._thread = None
@@ -306,7 +350,7 @@ class QueueConnection:
         encoded=True: each item is already the bytes to store (e.g. pickle.dumps(x) sent
         by a remote client); it is stored as given, never pickled nor unpickled here, and
         a get returns what unpickling those bytes gives (or, with raw=True, the bytes)."""
-        check_timeout(timeout)
+        timeout = check_wait(block, timeout)
         if encoded:
             pairs = [(body, body) for body in map(_encoded_body, items)]
             if self._state.kind == store.VALUE:
@@ -406,7 +450,7 @@ class QueueConnection:
                  raw=False):
         """One Holding (n None), or a list of 1 to n (all claimed under one mutex)."""
         self._check_thread()
-        check_timeout(timeout)
+        timeout = check_wait(block, timeout)
         if visibility_timeout is DEFAULT:
             visibility_timeout = self._front.visibility_timeout
         visibility_timeout = check_visibility(visibility_timeout)

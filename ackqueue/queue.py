@@ -145,7 +145,8 @@ class AckQueue(_stdlib_queue.Queue):
 
     AckQueue(maxsize=0, *, path=None, db=None, name="default", visibility_timeout=None,
     clock=None, thread_exit="auto", durability=None, lifo=False, max_receives=None,
-    dead_letter=None, retention=None, dedup_window=300, autopack=None, max_item_size=None)
+    dead_letter=None, retention=None, dedup_window=300, autopack=None, max_item_size=None,
+    repair=False)
 
     - no path and no db: an in-memory ZODB storage (same semantics, nothing survives);
     - path="jobs.fs": a ZODB FileStorage file, created if missing;
@@ -176,7 +177,9 @@ class AckQueue(_stdlib_queue.Queue):
       no limit, as queue.Queue has none: a drop-in must take every item the code it
       replaces took.  It is this queue object's rule, checked in the putting process before
       the commit, and not recorded in the storage: items already stored (put without a
-      limit, or by another process) are still delivered, given back and redriven.
+      limit, or by another process) are still delivered, given back and redriven;
+    - repair (files only): a file damaged in its middle (StorageError naming the offset)
+      is cut at the damage, the cut bytes kept beside it (see ackqueue.storage.repair);
     - codec: how puts encode items (ackqueue.codec): "pickle" (the default: a str is
       stored as text and bytes as bytes, so HTTP clients of ackqueue serve read them
       as such; any other object is pickled), "json", "str" or "bytes".  It is stored with
@@ -191,7 +194,7 @@ class AckQueue(_stdlib_queue.Queue):
                  visibility_timeout=None, clock=None, thread_exit="auto", durability=None,
                  lifo=False, max_receives=None, dead_letter=None, retention=None,
                  dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None,
-                 codec=None):
+                 repair=False, codec=None):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -220,7 +223,7 @@ class AckQueue(_stdlib_queue.Queue):
         self._local = threading.local()
         self._connections = weakref.WeakSet()
         self._clock = clock = clock or time.time
-        self._database = open_database(path, db, durability)
+        self._database = open_database(path, db, durability, repair)
         try:
             self._state = self._database.state(name, kind, clock, codec)
             if self._state.kind != kind:
@@ -289,6 +292,7 @@ class AckQueue(_stdlib_queue.Queue):
     @property
     def unfinished_tasks(self):
         """Messages put and not yet acknowledged (queue.Queue's counter, persistent)."""
+        self._check_open()
         with self.mutex:
             return self._state.unfinished()
 
@@ -459,6 +463,7 @@ class AckQueue(_stdlib_queue.Queue):
 
     def counts(self):
         """{"ready", "in_flight", "delayed"}: the queue's current sizes."""
+        self._check_open()
         return self._state.counts()
 
     def stats(self):
@@ -500,6 +505,7 @@ class AckQueue(_stdlib_queue.Queue):
         """Acknowledge the oldest item the calling thread received and has not acknowledged
         (another thread's oldest, if this one holds none), keeping queue.Queue's counting:
         ValueError when there is nothing left to acknowledge."""
+        self._check_open()
         own = getattr(self._local, "conn", None)
         candidates = [own] if own is not None else []
         candidates += [c for c in list(self._connections) if c is not own]
@@ -508,17 +514,29 @@ class AckQueue(_stdlib_queue.Queue):
             if h is not None:
                 self._conn().ack_holding(h)
                 return
+        unfinished = self._state.unfinished()
+        if unfinished:
+            raise ValueError(
+                f"task_done(): no thread holds an item received from queue {self.name!r} "
+                f"through this queue object and not yet acknowledged, so there is nothing "
+                f"to acknowledge ({unfinished} unfinished item(s) wait to be received, or "
+                "are held through another queue object or process); acknowledge an item "
+                "after a get() has received it")
         raise ValueError("task_done() called too many times")
 
     def join(self):
-        """Block until every item put has been acknowledged."""
+        """Block until every item put has been acknowledged (ValueError if the queue is
+        closed meanwhile)."""
+        self._check_open()
         self._state.acknowledging = True
         with self.all_tasks_done:
             while self._state.unfinished() and not self.shutdown_immediate:
                 self.all_tasks_done.wait()
+                self._check_open()
 
     def qsize(self):
         """The number of ready items (not counting items in flight)."""
+        self._check_open()
         with self.mutex:
             self._state.expire_due()
             return self._state.ready_count()
@@ -527,6 +545,7 @@ class AckQueue(_stdlib_queue.Queue):
         return not self.qsize()
 
     def full(self):
+        self._check_open()
         with self.mutex:
             return 0 < self.maxsize <= self._state.size_for_maxsize()
 
@@ -563,6 +582,8 @@ class AckQueue(_stdlib_queue.Queue):
         self._closed = True
         for conn in list(self._connections):
             conn.close()
+        with self.mutex:
+            self.all_tasks_done.notify_all()      # a join() in progress raises "closed"
         self._database._release()
 
     def __enter__(self):

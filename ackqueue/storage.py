@@ -20,6 +20,8 @@ import itertools
 import logging
 import os
 import queue as _queue
+import socket
+import stat
 import threading
 from time import monotonic as _monotonic
 from urllib.parse import parse_qs, urlsplit
@@ -39,11 +41,12 @@ from . import store
 from .commit import Committer
 from .errors import NotAQueueFile, QueueLocked, ServerUnavailable, StorageError
 from .lease import DEFAULT_LEASE_TIMEOUT, LeaseKeeper
+from .tail import check_tail
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Database", "open_database", "open_file_storage", "parse_zeo_url", "prefetch",
-           "check_format"]
+           "check_format", "repair"]
 
 PREFETCH_MAX = 64   # objects changed by another process's commit that a wake-up prefetches
 WRITTEN_KEPT = 256  # objects this process wrote lately, remembered for the warm prefetch
@@ -312,9 +315,27 @@ def parse_zeo_url(url):
     return (parts.hostname, port), options
 
 
+def _probe_server(url, addr, wait):
+    """Fail at once when the server's host cannot be resolved; log once (WARNING) when
+    nothing listens there yet, before ZEO's client waits up to wait seconds in silence."""
+    try:
+        socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ServerUnavailable(
+            f"cannot reach the queue server at {url}: host {addr[0]!r} cannot be resolved "
+            f"({exc.strerror})") from None
+    try:
+        socket.create_connection(addr, timeout=min(wait, 5.0)).close()
+    except OSError as exc:
+        log.warning("ackqueue: no queue server answers at %s:%s yet (%s); waiting up to "
+                    "%g s for it (wait_timeout) before raising ServerUnavailable",
+                    addr[0], addr[1], exc.strerror or type(exc).__name__, wait)
+
+
 def _open_zeo(url):
     addr, options = parse_zeo_url(url)
     wait = options.get("wait_timeout", 30.0)
+    _probe_server(url, addr, wait)
     for attempt in range(10):
         try:
             storage = _NotifyingClientStorage(addr, wait_timeout=wait)
@@ -356,8 +377,8 @@ def check_durability(durability):
     return durability
 
 
-def _open_file(path, durability="fsync"):
-    storage = open_file_storage(path, durability)
+def _open_file(path, durability="fsync", repair=False):
+    storage = open_file_storage(path, durability, repair)
     try:
         return ZODB.DB(storage, pool_size=64, cache_size=20000)
     except BaseException:
@@ -365,17 +386,21 @@ def _open_file(path, durability="fsync"):
         raise
 
 
-def open_file_storage(path, durability="fsync"):
+def open_file_storage(path, durability="fsync", repair=False):
     """A FileStorage for path, with clear errors (also used by ackqueue server).
-    durability "fsync" fsyncs every commit; "os" leaves writing back to the OS."""
+    durability "fsync" fsyncs every commit; "os" leaves writing back to the OS.  A torn
+    tail is cut first, and damage in the middle refused unless repair (ackqueue.tail)."""
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
         raise FileNotFoundError(
             f"cannot create queue file {path!r}: directory {directory!r} does not exist")
     if os.path.isdir(path):
         raise IsADirectoryError(f"queue path {path!r} is a directory, not a queue file")
+    _check_regular(path)
     cls = FileStorage if check_durability(durability) == "fsync" else OSDurableFileStorage
     had_tmp = os.path.exists(path + ".tmp")
+    if os.path.exists(path):
+        _check_tail(path, repair)
     try:
         # pack_keep_old=False: after a pack FileStorage would keep the whole pre-pack file
         # as FILE.old (until the next pack), doubling the disk a queue uses at the moment
@@ -383,11 +408,7 @@ def open_file_storage(path, durability="fsync"):
         # messages and superseded revisions, and the swap to the packed file is atomic.
         storage = cls(path, create=not os.path.exists(path), pack_keep_old=False)
     except zc.lockfile.LockError:
-        raise QueueLocked(
-            f"queue file {path!r} is already open in another process{_lock_holder(path)}. "
-            "A queue file can be used by one process at a time; to share a queue between "
-            f"processes, serve the file (ackqueue server {path}) and open it as "
-            "AckQueue(path='zeo://HOST:PORT')") from None
+        raise _locked_error(path) from None
     except FileStorageFormatError:
         _remove_stale_lock(path, had_tmp)
         raise NotAQueueFile(
@@ -404,6 +425,66 @@ def open_file_storage(path, durability="fsync"):
                            f"({type(exc).__name__}: {exc}); the file was left as it is"
                            ) from exc
     return storage
+
+
+def _check_regular(path):
+    """Refuse what is not a regular file (a device, a FIFO: /dev/null failed deep in
+    ZODB).  An empty file is adopted as a new queue file, with a WARNING naming it: it is
+    what a crash while FileStorage created the file leaves, and what a power cut leaves
+    when the file's first bytes had not reached the disk (its .lock and .tmp may or may
+    not have survived), so refusing it would make such a queue unopenable; it holds
+    nothing that adopting it could lose."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise NotAQueueFile(f"{path!r} is not a regular file, so it cannot hold a queue "
+                            "(choose the path of a queue file, or a new one)")
+    if st.st_size == 0:
+        log.warning("ackqueue: %r is an empty file (as a crash while creating a queue file "
+                    "leaves it); making it a new, empty queue file", path)
+
+
+def _locked_error(path):
+    return QueueLocked(
+        f"queue file {path!r} is already open in another process{_lock_holder(path)}. "
+        "A queue file can be used by one process at a time; to share a queue between "
+        f"processes, serve the file (ackqueue server {path}) and open it as "
+        "AckQueue(path='zeo://HOST:PORT')")
+
+
+def _check_tail(path, repair=False):
+    """ackqueue.tail.check_tail under the file's lock (FileStorage's own .lock), so that
+    a file another process is writing is never cut."""
+    had_lock = os.path.exists(path + ".lock")
+    try:
+        lock = zc.lockfile.LockFile(path + ".lock")
+    except zc.lockfile.LockError:
+        raise _locked_error(path) from None
+    try:
+        return check_tail(path, repair)
+    except BaseException:
+        lock.close()
+        lock = None
+        if not had_lock:
+            _remove_stale_lock(path)
+        raise
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def repair(path):
+    """Make the queue file at path open again after damage in its middle (a StorageError
+    that names the offset): cut the file at the damage, keeping the cut bytes beside it as
+    ``PATH.torn-<time>`` (the transactions after the damage are lost to the queue, and
+    kept there).  Also cuts a torn tail.  The file must not be open anywhere.  Returns the
+    name of the file keeping the cut bytes, or None when there was nothing to cut."""
+    path = os.path.realpath(os.fspath(path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no queue file at {path!r}")
+    return _check_tail(path, repair=True)
 
 
 def _lock_holder(path):
@@ -429,7 +510,7 @@ def _remove_stale_lock(path, had_tmp=True):
             pass
 
 
-def open_database(path=None, db=None, durability=None):
+def open_database(path=None, db=None, durability=None, repair=False):
     """The shared Database handle for path (a file), db (an application's ZODB.DB), or a new
     in-memory database when both are None.  The caller must call release() once.
     durability ("fsync", the default, or "os") applies to files this opens."""
@@ -441,6 +522,8 @@ def open_database(path=None, db=None, durability=None):
             raise ValueError("durability= applies to a queue file (path=); a server's "
                              "durability is set where it runs (ackqueue server "
                              "--durability), an application database's by its storage")
+    if repair and (path is None or os.fspath(path).startswith("zeo://")):
+        raise ValueError("repair=True applies to a queue file (path=)")
     if db is not None:
         return _app_database(db)
     if path is None:
@@ -450,13 +533,22 @@ def open_database(path=None, db=None, durability=None):
     path = os.fspath(path)
     if path.startswith("zeo://"):
         return _server_database(path)
-    return _file_database(os.path.realpath(path), durability)
+    return _file_database(os.path.realpath(path), durability, repair)
 
 
 def _app_database(db):
     if not isinstance(db, ZODB.DB):
         raise TypeError(f"db= must be a ZODB.DB, not {type(db).__name__}")
     key = ("db", id(db))
+    # q.db of a queue file this process opened: the same handle (one committer, closed
+    # with its last queue, in any order), not a second one over the same DB.
+    with _registry_lock:
+        for handle in _registry.values():
+            if handle.db is db:
+                with handle.lock:
+                    if not handle.closed:
+                        handle.refs += 1
+                        return handle
     # A FileStorage is locked to one process and a MappingStorage lives in it, so what is
     # in flight there at open belongs to no live holder.  Anything else (a ZEO client
     # storage) may be shared with live processes.
@@ -498,11 +590,11 @@ def _server_database(url):
     return _shared_handle(key, make)
 
 
-def _file_database(path, durability):
+def _file_database(path, durability, repair=False):
     key = ("file", path)
 
     def make():
-        db = _open_file(path, durability or "fsync")
+        db = _open_file(path, durability or "fsync", repair)
         try:
             check_format(db, f"queue file {path!r}")
         except BaseException:

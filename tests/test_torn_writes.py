@@ -15,15 +15,16 @@ truncated the torn tail itself) and pass ZODB's fstest, and reopen with the same
 
 ACKQUEUE_LONG=1 tries every offset instead of a seeded sample."""
 import json
+import logging
 import os
 import random
 import signal
 import struct
 
 import pytest
-from ZODB.POSException import ReadConflictError
 from ZODB.scripts import fstest
 
+import ackqueue.storage
 from ackqueue import AckQueue, NotAQueueFile, StorageError
 from helpers_reliability import LONG, drain_messages, run_child
 
@@ -278,37 +279,24 @@ def garbage_bytes(rng, n, tid=None, status=None):
 FUTURE_TID = b"\x7f" + b"\0" * 7       # later than any transaction in the file
 PAST_TID = b"\0" * 7 + b"\1"           # earlier than every transaction in the file
 ASCII_STATUS = b" upcx"
-LAST_TID_BUG = ("garbage of 23+ bytes after the last transaction whose first 8 bytes are "
-                "an older transaction id than the file's last one (zeros, as a power cut "
-                "can leave) fails the first open with ReadConflictError 'object deleted, "
-                "likely by simultaneous pack': ZODB's read_index truncates the garbage but "
-                "keeps its tid as the last transaction id")
-STATUS_BUG = ("garbage of 23+ bytes after the last transaction whose byte 16 (a header's "
-              "status) is not ASCII makes the file unopenable, on every attempt: ZODB's "
-              "read_index decodes the status as ASCII before its torn-tail check "
-              "(UnicodeDecodeError, now reported as a StorageError)")
-
+# Garbage of 23+ bytes whose first 8 bytes are an older transaction id than the file's
+# last one (zeros, as a power cut can leave) failed the first open with ReadConflictError
+# (ZODB's read_index truncates it but keeps its tid as the last one), and garbage whose
+# byte 16 (a header's status) is not ASCII failed every open (UnicodeDecodeError):
+# ackqueue.tail cuts such tails before ZODB reads the file.
 GARBAGE = [pytest.param(lambda rng, n=n: garbage_bytes(rng, n), id=f"random{n}")
            for n in (1, 7, 22)]
 GARBAGE += [pytest.param(lambda rng, n=n: b"\0" * n, id=f"zeros{n}") for n in (1, 8, 22)]
 GARBAGE += [pytest.param(
     lambda rng, n=n: garbage_bytes(rng, n, FUTURE_TID, rng.choice(ASCII_STATUS)),
     id=f"random{n}-future-tid") for n in (23, 24, 100, 5000)]
-GARBAGE += [pytest.param(
-    lambda rng, n=n: b"\0" * n, id=f"zeros{n}",
-    marks=pytest.mark.xfail(strict=True, raises=ReadConflictError, reason=LAST_TID_BUG))
-    for n in (23, 4096)]
+GARBAGE += [pytest.param(lambda rng, n=n: b"\0" * n, id=f"zeros{n}") for n in (23, 4096)]
 GARBAGE += [pytest.param(
     lambda rng, n=n: garbage_bytes(rng, n, PAST_TID, rng.choice(ASCII_STATUS)),
-    id=f"random{n}-past-tid",
-    marks=pytest.mark.xfail(strict=True, raises=ReadConflictError, reason=LAST_TID_BUG))
-    for n in (23, 5000)]
+    id=f"random{n}-past-tid") for n in (23, 5000)]
 GARBAGE += [pytest.param(
     lambda rng, n=n: garbage_bytes(rng, n, FUTURE_TID, rng.randrange(0x80, 0x100)),
-    id=f"random{n}-non-ascii-status",
-    marks=pytest.mark.xfail(strict=True, raises=(StorageError, UnicodeDecodeError),
-                            reason=STATUS_BUG))
-    for n in (23, 5000)]
+    id=f"random{n}-non-ascii-status") for n in (23, 5000)]
 
 
 @pytest.mark.parametrize("garbage", GARBAGE)
@@ -326,3 +314,57 @@ def test_garbage_after_the_end_is_dropped(tmp_path, built, garbage):
         assert after[:len(data)] == data
         fstest.check(path)
         assert read_queue(path, receives, reads=2) == states[-1][1]
+
+
+def test_cut_tail_is_kept_beside_the_file_with_a_warning(tmp_path, built, caplog):
+    data, states, receives = built
+    path = str(tmp_path / "tail.fs")
+    open_copy(path, data + b"\0" * 100)
+    with caplog.at_level(logging.WARNING, logger="ackqueue.tail"):
+        assert read_queue(path, receives) == states[-1][1]
+    kept = [n for n in os.listdir(tmp_path) if n.startswith("tail.fs.torn-")]
+    assert len(kept) == 1
+    assert (tmp_path / kept[0]).read_bytes() == b"\0" * 100
+    assert any(path in r.getMessage() and kept[0] in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("damage", ["status", "length"])
+def test_damage_in_the_middle_is_refused_then_repaired(tmp_path, built, damage):
+    """A damaged header with whole transactions after it is never cut silently: the open
+    names the offset and the repair; repair() cuts there, keeping the rest beside."""
+    data, states, receives = built
+    ends = [4] + txn_ends(data)
+    start = ends[len(ends) // 2]
+    damaged = bytearray(data)
+    if damage == "status":
+        damaged[start + 16] = 0xff
+    else:
+        damaged[start + 8:start + 16] = struct.pack(">Q", 10 ** 9)
+    path = str(tmp_path / "middle.fs")
+    open_copy(path, bytes(damaged))
+    with pytest.raises(StorageError, match=f"damaged at byte {start}.*repair"):
+        AckQueue(path=path)
+    assert open(path, "rb").read() == bytes(damaged)        # left as it is
+    assert not os.path.exists(path + ".lock")
+
+    kept = ackqueue.storage.repair(path)
+    assert open(kept, "rb").read() == bytes(damaged[start:])
+    assert open(path, "rb").read() == data[:start]
+    open_copy(str(tmp_path / "before.fs"), data[:start])
+    assert read_queue(path, receives) == read_queue(str(tmp_path / "before.fs"), receives)
+    fstest.check(path)
+
+
+def test_repair_option_of_the_queue(tmp_path, built):
+    data, states, receives = built
+    ends = [4] + txn_ends(data)
+    start = ends[-3]
+    damaged = bytearray(data)
+    damaged[start:start + 8] = b"\0" * 8                    # an older transaction id
+    path = str(tmp_path / "option.fs")
+    open_copy(path, bytes(damaged))
+    with pytest.raises(StorageError, match=f"byte {start}"):
+        AckQueue(path=path)
+    with AckQueue(path=path, repair=True) as q:
+        assert q.qsize() >= 0
+    assert open(path, "rb").read()[:start] == data[:start]
