@@ -11,7 +11,8 @@ from queue import Empty, Full
 
 from .browse import BrowsedMessage
 from .connection import QueueConnection
-from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ItemTooLarge,
+from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ForbiddenClass,
+                     ItemTooLarge,
                      NotAQueueFile, NotHeld, QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
                      StorageError, UnpicklableItem, UnsupportedFormat)
 from .message import Message, MessageId
@@ -24,5 +25,5 @@ __all__ = [
     "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
     "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "queues",
-    "BrowsedMessage", "CodecMismatch",
+    "BrowsedMessage", "CodecMismatch", "ForbiddenClass",
 ]

@@ -52,15 +52,17 @@ class BrowsedMessage:
     last_received: object = None
     sequence_number: int = None
     dead_letter_source: object = None
+    allowed_classes: object = field(default=None, repr=False, compare=False)
 
     @property
     def item(self):
-        return codec.decode(self.body)
+        return codec.decode(self.body, self.allowed_classes)
 
 
-def browse(state):
+def browse(state, allowed=None):
     """Yield a BrowsedMessage for every message of state's queue (see the module
-    docstring).  The snapshot stays open until the iterator is exhausted or closed."""
+    docstring).  The snapshot stays open until the iterator is exhausted or closed.
+    allowed: the classes an item may name when it is read (codec.decode)."""
     tm, conn = state.snapshot()
     try:
         rec = conn.root()[store.ROOT_KEY].queues[state.name]
@@ -75,7 +77,8 @@ def browse(state):
                 msg = rec.messages.get(seq)
                 if msg is None:
                     continue              # acknowledged or moved since the index was read
-                yield _browsed(state.name, rec, seq, msg, what, when, receive_count, now)
+                yield _browsed(state.name, rec, seq, msg, what, when, receive_count, now,
+                               allowed)
                 count += 1
                 if count % GC_EVERY == 0:
                     conn.cacheGC()
@@ -116,7 +119,7 @@ def _held(inflight):
         yield seq, IN_FLIGHT, deadline, receive_count
 
 
-def _browsed(name, rec, seq, msg, what, when, receive_count, now):
+def _browsed(name, rec, seq, msg, what, when, receive_count, now, allowed):
     return BrowsedMessage(
         MessageId(seq), what, rec.body_of(seq, msg), msg.priority,
         msg.receive_count if receive_count is None else receive_count, msg.sent_at,
@@ -124,4 +127,5 @@ def _browsed(name, rec, seq, msg, what, when, receive_count, now):
         visible_at=when if what == DELAYED else None,
         deadline=when if what == IN_FLIGHT else None, expires_at=msg.expires_at,
         first_received=msg.first_received, last_received=msg.last_received,
-        sequence_number=msg.sequence or seq, dead_letter_source=msg.source)
+        sequence_number=msg.sequence or seq, dead_letter_source=msg.source,
+        allowed_classes=allowed)

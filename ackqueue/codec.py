@@ -23,14 +23,20 @@ items are *encoded*:
 - ``"bytes"``: bytes items only.
 
 Decoding always follows the body's own mark, whatever the queue's codec.
+
+Unpickling runs code named by the pickle: a consumer that reads a queue it does not fully
+trust passes an allow-list (``AckQueue(allowed_classes=...)``), and a pickle that names any
+other class or function is refused (ForbiddenClass) without running anything.  Plain data
+(str, bytes, numbers, None, bool, and lists, tuples, dicts, sets of them) needs no entry.
 """
+import io
 import json
 import pickle
 
-from .errors import UnpicklableItem
+from .errors import ForbiddenClass, UnpicklableItem
 
 __all__ = ["CODECS", "DEFAULT", "encode", "decode", "kind", "payload", "mark",
-           "check_codec", "TEXT", "BYTES", "JSON", "PICKLE"]
+           "check_codec", "allowed_set", "TEXT", "BYTES", "JSON", "PICKLE"]
 
 PICKLE, JSON, TEXT, BYTES = "pickle", "json", "str", "bytes"
 CODECS = (PICKLE, JSON, TEXT, BYTES)
@@ -115,8 +121,46 @@ def mark(what, data):
     raise ValueError(f"unknown encoding {what!r}: use one of {', '.join(CODECS)}")
 
 
-def decode(body):
-    """The item a stored body holds (it unpickles pickles: for trusted queues)."""
+def allowed_set(classes):
+    """None (no limit), or the (module, qualified name) pairs of classes, given as classes
+    or functions, or as "module.Name" strings (the last dot splits them)."""
+    if classes is None:
+        return None
+    if isinstance(classes, (str, type)):
+        raise TypeError("allowed_classes must be a collection of classes or names")
+    pairs = set()
+    for c in classes:
+        if isinstance(c, str):
+            module, dot, name = c.rpartition(".")
+            if not dot or not module or not name:
+                raise ValueError(f"allowed class {c!r} must be 'module.Name'")
+            pairs.add((module, name))
+        elif hasattr(c, "__module__") and hasattr(c, "__qualname__"):
+            pairs.add((c.__module__, c.__qualname__))
+        else:
+            raise TypeError(f"allowed_classes entries are classes or 'module.Name' strings, "
+                            f"not {type(c).__name__}")
+    return frozenset(pairs)
+
+
+class _AllowListUnpickler(pickle.Unpickler):
+    """An Unpickler that resolves only allowed classes and functions."""
+
+    def __init__(self, file, allowed):
+        super().__init__(file)
+        self.allowed = allowed
+
+    def find_class(self, module, name):
+        if (module, name) not in self.allowed:
+            raise ForbiddenClass(
+                f"the item names {module}.{name}, which is not in allowed_classes; "
+                "nothing of it was run")
+        return super().find_class(module, name)
+
+
+def decode(body, allowed=None):
+    """The item a stored body holds.  A pickle is unpickled: with allowed (allowed_set's
+    result) only those classes may be named (ForbiddenClass otherwise)."""
     mark = body[0] if body else None
     if mark == 1:
         return body[1:].decode("utf-8", "surrogatepass")
@@ -124,4 +168,6 @@ def decode(body):
         return bytes(body[1:])
     if mark == 3:
         return json.loads(body[1:])
-    return pickle.loads(body)
+    if allowed is None:
+        return pickle.loads(body)
+    return _AllowListUnpickler(io.BytesIO(body), allowed).load()

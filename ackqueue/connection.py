@@ -376,7 +376,8 @@ class QueueConnection:
     def _put_bodies(self, pairs, block, timeout, opts=DEFAULT_PUT, dedup_ids=None):
         state = self._state
         if state.kind == store.VALUE:
-            pairs = [(codec.decode(body), body) for _, body in pairs]   # a private copy
+            pairs = [(codec.decode(body, self._front.allowed_classes), body)
+                     for _, body in pairs]   # a private copy
             state.check_orderable([item for item, _ in pairs])
         seqs = state.reserve_put(self._front, len(pairs), block, timeout)
         now = state.clock()
@@ -441,7 +442,8 @@ class QueueConnection:
         if found is None:
             return None
         seq, meta = found
-        return Message(MessageId(seq), codec.decode(meta.body), meta.receive_count,
+        return Message(MessageId(seq), codec.decode(meta.body, self._front.allowed_classes),
+                       meta.receive_count,
                        meta.sent_at, None, meta.priority, self._state.name,
                        dict(meta.attributes or ()), meta.first_received, meta.last_received,
                        meta.sequence or seq, meta.source)
@@ -494,7 +496,8 @@ class QueueConnection:
                 state.give_back(h, "its receive could not be recorded")
                 raise
         try:
-            h.item = h.meta.body if raw else codec.decode(h.meta.body)
+            h.item = (h.meta.body if raw
+                      else codec.decode(h.meta.body, self._front.allowed_classes))
         except Exception as exc:
             # Set aside for a while, so that the messages behind it are still delivered
             # (a process that has the item's class may read it later).

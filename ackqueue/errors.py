@@ -5,7 +5,8 @@ import queue as _stdlib_queue
 __all__ = [
     "AckQueueError", "ShutDown", "StaleAck", "NotHeld", "UnpicklableItem",
     "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch", "ServerUnavailable",
-    "Refused", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat",
+    "Refused", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "CodecMismatch",
+    "ForbiddenClass",
 ]
 
 
@@ -49,6 +50,11 @@ class StaleAck(NotHeld, Refused):
 
 class UnpicklableItem(TypeError, pickle.PicklingError):
     """put() of an item that pickle cannot serialize. The queue is left unchanged."""
+
+
+class ForbiddenClass(AckQueueError, pickle.UnpicklingError):
+    """A received item names a class or function that is not in the queue's
+    allowed_classes: it was not unpickled, and nothing of it ran."""
 
 
 class ItemTooLarge(AckQueueError, ValueError):

@@ -138,10 +138,11 @@ class ValueOrder:
         return sorted(self._heap)
 
 
-def loads_or_none(body):
-    """The item of a stored body, or None if it cannot be read here (an ordering key)."""
+def loads_or_none(body, allowed=None):
+    """The item of a stored body, or None if it cannot be read here (an ordering key);
+    allowed: the queue's allowed_classes (codec.decode)."""
     try:
-        return codec.decode(body)
+        return codec.decode(body, allowed)
     except Exception:
         return None
 
@@ -211,7 +212,7 @@ class LocalArbiter:
     def _memory_key_from_store(self, rec, seq):
         if self.state.kind == store.VALUE:
             msg = rec.messages[seq]
-            return self.memory_key(seq, loads_or_none(rec.body_of(seq, msg)), msg.priority)
+            return self.memory_key(seq, loads_or_none(rec.body_of(seq, msg), self.state.allowed_classes), msg.priority)
         return rec.key_of(seq)
 
     def memory_key(self, skey, item, priority=store.DEFAULT_PRIORITY):
@@ -231,7 +232,8 @@ class LocalArbiter:
         """The memory key, in this queue, of a message moved here as seq."""
         kind = self.state.kind
         return self.memory_key(store.store_key(kind, meta.priority, seq),
-                               loads_or_none(meta.body) if kind == store.VALUE else None,
+                               loads_or_none(meta.body, self.state.allowed_classes)
+                               if kind == store.VALUE else None,
                                meta.priority)
 
     # -- sizes (mutex held) ---------------------------------------------------------------

@@ -29,7 +29,7 @@ import transaction
 
 from . import store
 from .connection import QueueConnection, check_visibility
-from .codec import check_codec
+from .codec import allowed_set, check_codec
 from .errors import CodecMismatch, NotHeld, QueueKindMismatch
 from .message import Message
 from .state import DeadLetterPolicy, PutOptions
@@ -180,6 +180,10 @@ class AckQueue(_stdlib_queue.Queue):
       limit, or by another process) are still delivered, given back and redriven;
     - repair (files only): a file damaged in its middle (StorageError naming the offset)
       is cut at the damage, the cut bytes kept beside it (see ackqueue.storage.repair);
+    - allowed_classes: None (the default: any pickled item is unpickled, as queue.Queue
+      code expects), or the classes (or "module.Name" strings) a pickled item may name;
+      a received item naming any other is refused (ForbiddenClass, the message set aside
+      as unreadable) without running anything: for consumers of a queue others write;
     - codec: how puts encode items (ackqueue.codec): "pickle" (the default: a str is
       stored as text and bytes as bytes, so HTTP clients of ackqueue serve read them
       as such; any other object is pickled), "json", "str" or "bytes".  It is stored with
@@ -194,7 +198,7 @@ class AckQueue(_stdlib_queue.Queue):
                  visibility_timeout=None, clock=None, thread_exit="auto", durability=None,
                  lifo=False, max_receives=None, dead_letter=None, retention=None,
                  dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None,
-                 repair=False, codec=None):
+                 repair=False, codec=None, allowed_classes=None):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -212,6 +216,7 @@ class AckQueue(_stdlib_queue.Queue):
         self.dedup_window = _seconds(dedup_window, "dedup_window")
         self.max_item_size = _max_item_size(max_item_size)
         check_codec(codec)
+        self.allowed_classes = allowed_set(allowed_classes)
         if autopack is not None:
             from .maintenance import autopack_threshold
             autopack = autopack_threshold(autopack)
@@ -225,11 +230,17 @@ class AckQueue(_stdlib_queue.Queue):
         self._clock = clock = clock or time.time
         self._database = open_database(path, db, durability, repair)
         try:
-            self._state = self._database.state(name, kind, clock, codec)
+            self._state = self._database.state(name, kind, clock, codec,
+                                               self.allowed_classes)
             if self._state.kind != kind:
                 raise QueueKindMismatch(
                     f"queue {name!r} is open in this process as "
                     f"{store.KIND_NAMES[self._state.kind]}; open it with that class")
+            if self.allowed_classes is not None:
+                with self._state.mutex:       # the state orders by the strictest list
+                    held = self._state.allowed_classes
+                    self._state.allowed_classes = (self.allowed_classes if held is None
+                                                   else held & self.allowed_classes)
             if codec is not None and self._state.codec != codec:
                 raise CodecMismatch(
                     f"queue {name!r} is open in this process with codec "
@@ -434,7 +445,7 @@ class AckQueue(_stdlib_queue.Queue):
         receive_count, deadline, visible_at, attributes, age, ...); reads the store one
         message at a time from one snapshot (see ackqueue.browse)."""
         self._check_open()
-        return self._state.browse()
+        return self._state.browse(self.allowed_classes)
 
     def ack(self, item):
         """Acknowledge a received item (the object get returned, a Message, or its id): it

@@ -74,15 +74,22 @@ def _stop(signum):
     raise SystemExit(0)
 
 
-def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", out=sys.stdout):
+def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", tls=None,
+          out=sys.stdout):
     """Serve the queue file path on (host, port) until SIGTERM or SIGINT.  Port 0 picks a
-    free port; the address served is printed on out as ``... at zeo://HOST:PORT``."""
+    free port; the address served is printed on out as ``... at zeo://HOST:PORT``.
+    tls: (certificate, key, client CA) files: TLS, and only clients presenting a
+    certificate that CA signed get in (ackqueue.tls)."""
+    ssl_context = None
+    if tls is not None:
+        from .tls import server_context
+        ssl_context = server_context(*tls)
     path = os.path.realpath(path)
     _install_filter(logging.getLogger("ZEO.asyncio.server"), _PeerGoneIsNotAnError)
     ZODB.DB(open_file_storage(path)).close()    # create the root before clients race to
     storage = open_file_storage(path, durability)
     try:
-        server = StorageServer((host, port), {"1": storage})
+        server = StorageServer((host, port), {"1": storage}, ssl=ssl_context)
     except BaseException:
         storage.close()
         raise
@@ -94,8 +101,9 @@ def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", out=
             # where ZEO turns it into that client's error and the server runs on.
             server.acceptor.event_loop.add_signal_handler(signum, _stop, signum)
         print(f"ackqueue server: serving {path} at zeo://{bound_host}:{bound_port} "
-              f"(pid {os.getpid()}, durability {durability}); stop with SIGTERM or Ctrl-C",
-              file=out, flush=True)
+              f"(pid {os.getpid()}, durability {durability}"
+              f"{', TLS with client certificates' if tls else ''}); stop with SIGTERM or "
+              "Ctrl-C", file=out, flush=True)
         server.loop()
     finally:
         server.close()          # closes client connections and the storage (.index)

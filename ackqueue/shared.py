@@ -363,7 +363,7 @@ class SharedArbiter:
             self._gone.clear()
         for seq in rec.messages.keys(self._known_seq + 1):
             msg = rec.messages[seq]
-            item = loads_or_none(rec.body_of(seq, msg))
+            item = loads_or_none(rec.body_of(seq, msg), self.state.allowed_classes)
             insort(self._by_value, ValueOrder.Key(
                 (store.PRIORITY_MAX - msg.priority, item, seq)))
             self._known_seq = seq

@@ -198,12 +198,15 @@ class QueueState:
     """The in-process view of one named queue (see the module docstring and
     ackqueue.interfaces.IQueueState); arbiter_class decides claims (IArbiter)."""
 
-    def __init__(self, database, name, kind, clock, arbiter_class, codec=None):
+    def __init__(self, database, name, kind, clock, arbiter_class, codec=None, allowed=None):
         self.database = database
         self.committer = database.committer
         self.name = name
         self.kind = kind
         self.codec = codec            # how puts encode items (ackqueue.codec); set by load
+        # Classes a pickled item may name when this process reads one to order a priority
+        # queue (codec.allowed_set; None: any): what every front's allowed_classes allow.
+        self.allowed_classes = allowed
         self.clock = clock
         self.mutex = threading.Lock()
         self.not_empty = threading.Condition(self.mutex)
@@ -458,10 +461,10 @@ class QueueState:
                 self.arbiter.skip_expired(seq, key)
             return None
 
-    def browse(self):
+    def browse(self, allowed=None):
         """Every message of the queue with its state, changing nothing (ackqueue.browse)."""
         from .browse import browse
-        return browse(self)
+        return browse(self, allowed)
 
     def counts(self):
         """The current sizes: {"ready", "in_flight", "delayed"}."""

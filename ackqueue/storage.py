@@ -96,7 +96,7 @@ class Database:
     def lease_id(self):
         return self.lease.lease_id
 
-    def state(self, name, kind, clock, codec=None):
+    def state(self, name, kind, clock, codec=None, allowed=None):
         """The live state of queue name, made on first use: its arbiter is this process's
         memory when it holds the storage alone, the store when processes share it.  kind
         and codec (None: the stored ones) are checked against the stored queue."""
@@ -108,7 +108,7 @@ class Database:
             if state is None:
                 arbiter = LocalArbiter if self.exclusive else SharedArbiter
                 state = self.states[name] = QueueState(self, name, kind, clock, arbiter,
-                                                       codec)
+                                                       codec, allowed)
             return state
 
     def enable_autopack(self, threshold_bytes, *, interval=None, keep_seconds=None):
@@ -292,8 +292,13 @@ def prefetch(storage, oids, tid):
         pass
 
 
+_NUMBER_OPTIONS = ("wait_timeout", "lease_timeout")
+_FILE_OPTIONS = ("tls_ca", "tls_cert", "tls_key")
+
+
 def parse_zeo_url(url):
-    """zeo://HOST:PORT[?wait_timeout=S&lease_timeout=S] -> ((host, port), options)."""
+    """zeo://HOST:PORT[?wait_timeout=S&lease_timeout=S&tls_ca=F&tls_cert=F&tls_key=F] ->
+    ((host, port), options); the tls_ options are file paths (ackqueue.tls)."""
     parts = urlsplit(url)
     try:
         port = parts.port
@@ -303,16 +308,30 @@ def parse_zeo_url(url):
         raise ValueError(f"not a queue server address: {url!r} (expected zeo://HOST:PORT)")
     options = {}
     for name, values in parse_qs(parts.query, strict_parsing=False).items():
-        if name not in ("wait_timeout", "lease_timeout"):
-            raise ValueError(f"unknown option {name!r} in {url!r} "
-                             "(known: wait_timeout, lease_timeout)")
+        if name in _FILE_OPTIONS:
+            options[name] = values[-1]
+            continue
+        if name not in _NUMBER_OPTIONS:
+            raise ValueError(f"unknown option {name!r} in {url!r} (known: "
+                             f"{', '.join(_NUMBER_OPTIONS + _FILE_OPTIONS)})")
         try:
             options[name] = float(values[-1])
         except ValueError:
             raise ValueError(f"option {name} in {url!r} must be a number of seconds") from None
         if options[name] <= 0:
             raise ValueError(f"option {name} in {url!r} must be positive")
+    if ("tls_cert" in options) != ("tls_key" in options) or (
+            "tls_cert" in options and "tls_ca" not in options):
+        raise ValueError(f"{url!r}: tls_cert and tls_key go together, with tls_ca")
     return (parts.hostname, port), options
+
+
+def _client_ssl(options):
+    """The ssl.SSLContext a zeo:// address's tls_ options ask for, or None."""
+    if "tls_ca" not in options:
+        return None
+    from .tls import client_context
+    return client_context(options["tls_ca"], options.get("tls_cert"), options.get("tls_key"))
 
 
 def _probe_server(url, addr, wait):
@@ -338,7 +357,10 @@ def _open_zeo(url):
     _probe_server(url, addr, wait)
     for attempt in range(10):
         try:
-            storage = _NotifyingClientStorage(addr, wait_timeout=wait)
+            ssl_context = _client_ssl(options)
+            storage = _NotifyingClientStorage(
+                addr, wait_timeout=wait, ssl=ssl_context,
+                ssl_server_hostname=addr[0] if ssl_context is not None else None)
         except ClientDisconnected:
             raise ServerUnavailable(
                 f"cannot reach the queue server at {url} within {wait:g} s: is it running "

@@ -25,19 +25,22 @@ def console_script():
 class Server:
     """``ackqueue server PATH --listen 127.0.0.1:PORT`` in a child process."""
 
-    def __init__(self, path, log_path, port=0):
+    def __init__(self, path, log_path, port=0, extra=()):
         self.path = str(path)
         self.log_path = str(log_path)
+        self.extra = tuple(extra)      # more options for the command (TLS)
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [console_script(), "server", self.path, "--listen", f"127.0.0.1:{port}"],
+            [console_script(), "server", self.path, "--listen", f"127.0.0.1:{port}",
+             *self.extra],
             stdout=subprocess.PIPE, stderr=self.log, text=True)
         ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT)
         line = self.proc.stdout.readline() if ready else ""
-        found = re.search(r"zeo://127\.0\.0\.1:(\d+)", line)
+        found = re.search(r"zeo://[^\s:]+:(\d+)", line)
         if not found:
             self.proc.kill()
             raise RuntimeError(f"the server did not start: {line!r}; log:\n{self.read_log()}")
+        self.banner = line
         self.port = int(found.group(1))
         self.url = f"zeo://127.0.0.1:{self.port}"
 
@@ -62,7 +65,7 @@ class Server:
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
-                self.__init__(self.path, self.log_path, self.port)
+                self.__init__(self.path, self.log_path, self.port, self.extra)
                 return
             except RuntimeError:
                 if time.monotonic() > deadline:

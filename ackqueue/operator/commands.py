@@ -79,7 +79,17 @@ def demo(jobs, workers, directory, seed, quiet):
 @click.option("--durability", type=click.Choice(["fsync", "os"]), default="fsync",
               help="fsync: every commit survives a power cut (default); os: commits "
                    "survive a crash of the server process, not of the machine")
-def server(path, listen, durability):
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="serve TLS with this certificate (PEM); with --tls-key and "
+                   "--tls-client-ca")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="the certificate's private key (PEM)")
+@click.option("--tls-client-ca", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="only clients presenting a certificate this CA signed get in")
+@click.option("--insecure", is_flag=True,
+              help="listen beyond this machine without TLS (anyone who reaches the port "
+                   "can read, write, and make consumers unpickle what they put)")
+def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure):
     """Share the queue file PATH (created if missing) with other processes and machines
     (a ZEO server); they open it as zeo://HOST:PORT.
 
@@ -94,7 +104,16 @@ def server(path, listen, durability):
         host, port = parse_listen(listen)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--listen") from None
-    sys.exit(serve(path, host, port, durability=durability))
+    tls = (tls_cert, tls_key, tls_client_ca)
+    if any(tls) and not all(tls):
+        raise click.UsageError("TLS needs all three of --tls-cert, --tls-key and "
+                               "--tls-client-ca")
+    from ..tls import is_loopback
+    if not is_loopback(host) and not all(tls) and not insecure:
+        raise click.UsageError(
+            f"refusing to serve {host} (beyond this machine) without TLS and client "
+            "certificates: give --tls-cert, --tls-key and --tls-client-ca, or --insecure")
+    sys.exit(serve(path, host, port, durability=durability, tls=tls if all(tls) else None))
 
 
 @cli.command(short_help="the queue service: one process owns the queue file and serves "
