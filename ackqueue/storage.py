@@ -334,6 +334,9 @@ def _client_ssl(options):
     return client_context(options["tls_ca"], options.get("tls_cert"), options.get("tls_key"))
 
 
+QUIET_WAIT = 1.0        # a wait for a server shorter than this is not announced
+
+
 def _probe_server(url, addr, wait):
     """Fail at once when the server's host cannot be resolved; log once (WARNING) when
     nothing listens there yet, before ZEO's client waits up to wait seconds in silence."""
@@ -346,6 +349,8 @@ def _probe_server(url, addr, wait):
     try:
         socket.create_connection(addr, timeout=min(wait, 5.0)).close()
     except OSError as exc:
+        if wait < QUIET_WAIT:
+            return                    # over before anyone would wonder: no warning
         log.warning("ackqueue: no queue server answers at %s:%s yet (%s); waiting up to "
                     "%g s for it (wait_timeout) before raising ServerUnavailable",
                     addr[0], addr[1], exc.strerror or type(exc).__name__, wait)
