@@ -8,10 +8,11 @@ import time
 
 import click
 
+from ..errors import AckQueueError
 from ..server import DEFAULT_PORT
 from . import output
 from .output import Progress, echo_json, table
-from .targets import (EXIT_ERROR, CommandError, Target, user_errors)
+from .targets import (EXIT_ERROR, CommandError, Target, _one_line, user_errors)
 from .transfer import BadLine, message_record, parse_line
 
 IMPORT_BATCH = 500          # messages put in one commit by import and put -/--jsonl
@@ -94,7 +95,11 @@ def server(path, listen, durability):
         host, port = parse_listen(listen)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--listen") from None
-    sys.exit(serve(path, host, port, durability=durability))
+    try:
+        code = serve(path, host, port, durability=durability)
+    except (AckQueueError, OSError, ValueError) as exc:    # one line, never a traceback
+        raise CommandError(_one_line(exc)) from None
+    sys.exit(code)
 
 
 @cli.command(short_help="the queue service: one process owns the queue file and serves "
