@@ -70,3 +70,36 @@ def test_server_on_a_file_that_is_not_a_queue(tmp_path):
     assert str(path) in line and "not a ZODB FileStorage file" in line, line
     assert os.listdir(tmp_path) == ["notes.txt"]
     assert path.read_text() == "not a queue\n"
+
+
+# -- 7b. the queue file deleted or replaced while open ----------------------------------------
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_queue_file_deleted_or_replaced_while_open_refuses_writes(tmp_path, how):
+    from ackqueue import AckQueue, QueueFileGone, StorageError
+    path = tmp_path / "q.fs"
+    q = AckQueue(path=path)
+    try:
+        q.put("before")
+        m = q.get_message()
+        if how == "deleted":
+            os.remove(path)
+        else:
+            other = AckQueue(path=tmp_path / "other.fs")
+            other.put("other")
+            other.close()
+            os.replace(tmp_path / "other.fs", path)
+        with pytest.raises(QueueFileGone) as caught:
+            q.put("after")
+        assert isinstance(caught.value, StorageError)
+        assert str(path) in str(caught.value) and how in str(caught.value)
+        with pytest.raises(QueueFileGone):      # and so is every later write: an ack too
+            q.ack(m)
+        with pytest.raises(QueueFileGone):
+            q.put("later")
+    finally:
+        q.close()
+    if how == "replaced":       # the file put in its place is left as it was
+        with AckQueue(path=path) as again:
+            assert again.get(block=False) == "other"
+            again.task_done()
