@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 
 import ZODB
 from ZEO.StorageServer import StorageServer
@@ -70,6 +71,40 @@ class _PeerGoneIsNotAnError(logging.Filter):
 def _install_filter(logger, kind):
     if not any(isinstance(f, kind) for f in logger.filters):     # serve() may run twice
         logger.addFilter(kind())
+
+
+class _OnePackAtATime:
+    """The served storage's pack: clients asking to pack while a pack is in progress wait
+    for it (and get its outcome) instead of starting another, which FileStorage refused
+    with "Already packing" (the client got a StorageError)."""
+
+    def __init__(self, storage):
+        self.pack = storage.pack
+        self.guard = threading.Lock()
+        self.running = None         # (Event set when it ends, [its error or None])
+
+    def __call__(self, t, referencesf, *args):
+        with self.guard:
+            running, mine = self.running, self.running is None
+            if mine:
+                running = self.running = (threading.Event(), [None])
+        if not mine:
+            log.info("ackqueue server: a pack is in progress: this request waits for it "
+                     "instead of starting another")
+            running[0].wait()
+            if running[1][0] is not None:
+                raise running[1][0]
+            return None
+        log.info("ackqueue server: packing (a client asked)")
+        try:
+            return self.pack(t, referencesf, *args)
+        except BaseException as exc:
+            running[1][0] = exc
+            raise
+        finally:
+            with self.guard:
+                self.running = None
+            running[0].set()
 
 
 def _FILES(path):
@@ -120,6 +155,7 @@ def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", out=
             "if that is an ackqueue server, clients reach the queue at its address "
             "(zeo://HOST:PORT); to serve the file from here, stop that process first"
         ) from None
+    storage.pack = _OnePackAtATime(storage)
     try:
         server = StorageServer((host, port), {"1": storage})
     except BaseException:
