@@ -12,8 +12,8 @@ from queue import Empty, Full
 from .browse import BrowsedMessage
 from .connection import QueueConnection
 from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ForbiddenClass,
-                     ItemTooLarge,
-                     NotAQueueFile, NotHeld, QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
+                     ItemTooLarge, NotAQueueFile, NotHeld, QueueFileGone,
+                     QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
                      StorageError, UnpicklableItem, UnsupportedFormat)
 from .message import Message, MessageId
 from .queue import AckLifoQueue, AckPriorityQueue, AckQueue, queues
@@ -25,5 +25,5 @@ __all__ = [
     "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
     "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "queues",
-    "BrowsedMessage", "CodecMismatch", "ForbiddenClass",
+    "BrowsedMessage", "CodecMismatch", "ForbiddenClass", "QueueFileGone",
 ]

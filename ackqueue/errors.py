@@ -6,7 +6,7 @@ __all__ = [
     "AckQueueError", "ShutDown", "StaleAck", "NotHeld", "UnpicklableItem",
     "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch", "ServerUnavailable",
     "Refused", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "CodecMismatch",
-    "ForbiddenClass",
+    "ForbiddenClass", "QueueFileGone",
 ]
 
 
@@ -108,3 +108,9 @@ class CodecMismatch(QueueKindMismatch):
 class ServerUnavailable(StorageError):
     """The queue server could not be reached, or the connection to it was lost while an
     operation was being committed (its outcome may then be unknown: see the message)."""
+
+
+class QueueFileGone(StorageError):
+    """The queue file was deleted, or replaced by another file, while this process had it
+    open: writing on would write to a file nobody will open again, so every further
+    commit is refused (what was committed before is in the open file only)."""

@@ -17,15 +17,19 @@ must have ackqueue installed)::
       path /var/lib/ackqueue/jobs.fs
     </filestorage>
 """
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
+import threading
 
 import ZODB
 from ZEO.StorageServer import StorageServer
 
-from .storage import open_file_storage
+from .errors import QueueLocked
+from .storage import _lock_holder, open_file_storage
 
 __all__ = ["serve", "parse_listen", "DEFAULT_PORT"]
 
@@ -69,6 +73,67 @@ def _install_filter(logger, kind):
         logger.addFilter(kind())
 
 
+class _OnePackAtATime:
+    """The served storage's pack: clients asking to pack while a pack is in progress wait
+    for it (and get its outcome) instead of starting another, which FileStorage refused
+    with "Already packing" (the client got a StorageError)."""
+
+    def __init__(self, storage):
+        self.pack = storage.pack
+        self.guard = threading.Lock()
+        self.running = None         # (Event set when it ends, [its error or None])
+
+    def __call__(self, t, referencesf, *args):
+        with self.guard:
+            running, mine = self.running, self.running is None
+            if mine:
+                running = self.running = (threading.Event(), [None])
+        if not mine:
+            log.info("ackqueue server: a pack is in progress: this request waits for it "
+                     "instead of starting another")
+            running[0].wait()
+            if running[1][0] is not None:
+                raise running[1][0]
+            return None
+        log.info("ackqueue server: packing (a client asked)")
+        try:
+            return self.pack(t, referencesf, *args)
+        except BaseException as exc:
+            running[1][0] = exc
+            raise
+        finally:
+            with self.guard:
+                self.running = None
+            running[0].set()
+
+
+def _FILES(path):
+    return [path, path + ".index", path + ".lock", path + ".tmp"]
+
+
+def _check_address(host, port):
+    """Refuse at once, in one line, an address this process cannot listen on (a port in
+    use, an address not of this machine), before anything is created.  ZEO binds the
+    same way (SO_REUSEADDR) a moment later."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OSError(errno.EADDRNOTAVAIL,
+                      f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            why = ("the address is already in use (another server listens there; choose "
+                   "another port with --listen, or port 0 for a free one)"
+                   if exc.errno == errno.EADDRINUSE else exc.strerror)
+            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {why}") from None
+
+
 def _stop(signum):
     log.info("ackqueue server: stopping on %s", signal.Signals(signum).name)
     raise SystemExit(0)
@@ -86,12 +151,27 @@ def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", tls=
         ssl_context = server_context(*tls)
     path = os.path.realpath(path)
     _install_filter(logging.getLogger("ZEO.asyncio.server"), _PeerGoneIsNotAnError)
-    ZODB.DB(open_file_storage(path)).close()    # create the root before clients race to
-    storage = open_file_storage(path, durability)
+    _check_address(host, port)      # before the file is touched: a busy port creates nothing
+    existed = [p for p in _FILES(path) if os.path.exists(p)]
+    try:
+        ZODB.DB(open_file_storage(path)).close()    # create the root before clients race
+        storage = open_file_storage(path, durability)
+    except QueueLocked:
+        raise QueueLocked(
+            f"queue file {path!r} is already open in another process{_lock_holder(path)}: "
+            "if that is an ackqueue server, clients reach the queue at its address "
+            "(zeo://HOST:PORT); to serve the file from here, stop that process first"
+        ) from None
+    storage.pack = _OnePackAtATime(storage)
     try:
         server = StorageServer((host, port), {"1": storage}, ssl=ssl_context)
     except BaseException:
         storage.close()
+        for created in set(_FILES(path)) - set(existed):   # nothing left when it cannot start
+            try:
+                os.remove(created)
+            except OSError:
+                pass
         raise
     try:
         bound_host, bound_port = server.addr[:2]

@@ -39,7 +39,8 @@ from ZODB.utils import p64, u64
 
 from . import store
 from .commit import Committer
-from .errors import NotAQueueFile, QueueLocked, ServerUnavailable, StorageError
+from .errors import (NotAQueueFile, QueueFileGone, QueueLocked, ServerUnavailable,
+                     StorageError)
 from .lease import DEFAULT_LEASE_TIMEOUT, LeaseKeeper
 from .tail import check_tail
 
@@ -382,7 +383,49 @@ def _open_zeo(url):
 DURABILITIES = ("fsync", "os")
 
 
-class OSDurableFileStorage(FileStorage):
+class WatchedFileStorage(FileStorage):
+    """A FileStorage that refuses to commit once its file was deleted or replaced by
+    another file while open (QueueFileGone).  Before, puts and acks went on succeeding
+    into the open, unlinked file, and everything was gone at the next open.  The check,
+    one fstat of the open file and one stat of its path compared by device and inode,
+    runs in tpc_begin under the commit lock (so never during a pack's swap of the file),
+    for every writer: the committer, an application's connection, a server's clients.
+    It cost 5.5 us per commit here (timeit, 2 shared cores), next to a commit of about
+    1 ms with its fsync."""
+
+    def _file_gone(self):
+        """What happened to the file (a phrase), or None when it is still the open one."""
+        try:
+            opened = os.fstat(self._file.fileno())
+        except (OSError, AttributeError, ValueError):
+            return None                 # closed: FileStorage says so itself
+        try:
+            now = os.stat(self._file_name)
+        except FileNotFoundError:
+            return "was deleted"
+        except OSError:
+            return None
+        if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+            return "was replaced by another file"
+        return None
+
+    def tpc_begin(self, transaction, tid=None, status=" "):
+        super().tpc_begin(transaction, tid, status)
+        what = self._file_gone()
+        if what is not None:
+            self.tpc_abort(transaction)
+            raise QueueFileGone(
+                f"queue file {self._file_name!r} {what} while this process had it open: "
+                "nothing more is written (this commit was refused, and every later one "
+                "will be); what was committed before is only in the open file, and is "
+                "lost when it closes unless the file is put back")
+
+    def _save_index(self):
+        if self._file_gone() is None:   # never write an index beside a file not ours
+            super()._save_index()
+
+
+class OSDurableFileStorage(WatchedFileStorage):
     """A FileStorage whose commits are written to the operating system but not fsync'd:
     they survive the process (a crash, SIGKILL) but not the machine (power loss, an OS
     crash can lose the latest commits; FileStorage truncates a torn tail on open)."""
@@ -424,7 +467,8 @@ def open_file_storage(path, durability="fsync", repair=False):
     if os.path.isdir(path):
         raise IsADirectoryError(f"queue path {path!r} is a directory, not a queue file")
     _check_regular(path)
-    cls = FileStorage if check_durability(durability) == "fsync" else OSDurableFileStorage
+    cls = (WatchedFileStorage if check_durability(durability) == "fsync"
+           else OSDurableFileStorage)
     had_tmp = os.path.exists(path + ".tmp")
     if os.path.exists(path):
         _check_tail(path, repair)

@@ -25,7 +25,8 @@ Why this shape:
   put writes that segment (its run of 16 neighbours, pickled as one bytes object), a
   counter and the ready segment, and nothing else.  A body over LARGE_BODY bytes is kept
   in a Body record of its own (``.bodies[seq]``), so that big items are not rewritten
-  with every change to their neighbours.
+  with every change to their neighbours; one over BODY_PART (4 MB) in parts of that size
+  (Body.parts, format 3), so that no record reaches ZODB's large-record warning.
 - messages and ready are segmented indexes (ackqueue.segments): runs of neighbouring keys
   per persistent segment (16 messages; 256 ready keys, packed 8 bytes each, so that an
   open loads few objects), whose conflict resolution merges concurrent changes to
@@ -95,7 +96,7 @@ __all__ = [
 ]
 
 ROOT_KEY = "ackqueue"
-FORMAT = 2          # the version of the layout this code writes (see "The format contract")
+FORMAT = 3          # the version of the layout this code writes (see "The format contract")
 # The format of a catalog that records none.  Catalog has recorded its format since the
 # first commit of ackqueue, so only a catalog made by other means lacks it; it is read
 # as format 1, the only layout it could have.
@@ -113,7 +114,15 @@ def _format_1_to_2(root):
     an ackqueue that knows only format 1 refuses files whose bodies it could not read."""
 
 
-MIGRATIONS = {1: _format_1_to_2}
+def _format_2_to_3(root):
+    """Format 3 splits a body over BODY_PART bytes into parts (Body.parts), so that no
+    record reaches ZODB's large-record size (16 MB), which made it warn about blobs for
+    every such put.  A format-2 Body (one record with its data) reads as before: nothing
+    to rewrite.  The version is bumped so that an ackqueue that knows only format 2
+    refuses files whose split bodies it would read as None."""
+
+
+MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3}
 
 FIFO, LIFO, VALUE = "fifo", "lifo", "value"
 KINDS = (FIFO, LIFO, VALUE)
@@ -123,6 +132,7 @@ KIND_NAMES = {FIFO: "a FIFO queue (AckQueue)", LIFO: "a LIFO queue (AckLifoQueue
 PRIORITY_MAX = 1000
 DEFAULT_PRIORITY = 100
 LARGE_BODY = 4096           # bodies above this many bytes get a record of their own
+BODY_PART = 4 << 20         # bodies above this are split into records of at most this size
 DEFAULT_RETENTION = 4 * 86400.0     # seconds a message may wait unprocessed (SQS's default)
 MAX_RETENTION = 14 * 86400.0        # the longest retention a put may ask for
 DEAD_LETTER_RETENTION = MAX_RETENTION   # a dead letter is kept this long for inspection
@@ -250,10 +260,26 @@ class MessageRecord(Persistent):
 
 
 class Body(Persistent):
-    """The pickled item of a large message (see LARGE_BODY)."""
+    """The pickled item of a large message (see LARGE_BODY).  One over BODY_PART bytes is
+    kept in parts, Body records of at most BODY_PART bytes each (format 3), so that no
+    record comes near ZODB's large-record size (16 MB: it warns about each one)."""
+
+    parts = None        # a tuple of Body records whose data, joined, is the body
 
     def __init__(self, data):
-        self.data = data
+        if len(data) <= BODY_PART:
+            self.data = data
+            return
+        self.data = None
+        view = memoryview(data)
+        self.parts = tuple(Body(bytes(view[start:start + BODY_PART]))
+                           for start in range(0, len(data), BODY_PART))
+
+    def read(self):
+        """The body's bytes."""
+        if self.parts is None:
+            return self.data
+        return b"".join(part.data for part in self.parts)
 
 
 class QueueRecord(Persistent):
@@ -284,7 +310,7 @@ class QueueRecord(Persistent):
 
     def body_of(self, seq, msg):
         """The pickled item of message seq (msg: its Msg)."""
-        return msg.body if msg.body is not None else self.bodies[seq].data
+        return msg.body if msg.body is not None else self.bodies[seq].read()
 
     def has_body(self, seq, msg):
         """Whether body_of(seq, msg) can be read: False when a large item's Body record is

@@ -8,10 +8,11 @@ import time
 
 import click
 
+from ..errors import AckQueueError
 from ..server import DEFAULT_PORT
 from . import output
 from .output import Progress, echo_json, table
-from .targets import (EXIT_ERROR, CommandError, Target, user_errors)
+from .targets import (EXIT_ERROR, CommandError, Target, _one_line, user_errors)
 from .transfer import BadLine, message_record, parse_line
 
 IMPORT_BATCH = 500          # messages put in one commit by import and put -/--jsonl
@@ -113,7 +114,12 @@ def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure)
         raise click.UsageError(
             f"refusing to serve {host} (beyond this machine) without TLS and client "
             "certificates: give --tls-cert, --tls-key and --tls-client-ca, or --insecure")
-    sys.exit(serve(path, host, port, durability=durability, tls=tls if all(tls) else None))
+    try:
+        code = serve(path, host, port, durability=durability,
+                     tls=tls if all(tls) else None)
+    except (AckQueueError, OSError, ValueError) as exc:    # one line, never a traceback
+        raise CommandError(_one_line(exc)) from None
+    sys.exit(code)
 
 
 @cli.command(short_help="the queue service: one process owns the queue file and serves "
