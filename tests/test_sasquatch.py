@@ -359,8 +359,10 @@ def test_legacy_enqueue_dequeue_and_delete_all(svc):
         "queue_name": "a", "count": 0, "in_flight": 0}
     assert ok(svc, "/queue_length", {"queue_name": "b"})["count"] == 2
     ok(svc, "/delete_all", {"queue_name": "*"})
+    assert ok(svc, "/delete_all", {"queue_name": "never_used"})["deleted"] == 0
     status, queues = svc.call("GET", "/queues")
     assert all(q["count"] == 0 and q["in_flight"] == 0 for q in queues)
+    assert "never_used" not in [q["queue_name"] for q in queues]       # not created
 
 
 def test_lifo_queues_and_kind_mismatch(svc):

@@ -167,6 +167,8 @@ class Sasquatch:
         self.session = Session("sasquatch", 0.0)
         self.counters = Counter()
         self.started = time.time()
+        self.expiry = {}            # receipt -> when its delivery is given back (clock)
+        self.swept = time.time()
 
     @property
     def max_message(self):
@@ -351,10 +353,27 @@ class Sasquatch:
         else:
             delivered = ([(None, m) for m in messages] if vt == 0 else
                          self.service.register(name, self.session, cc, messages))
+            self._expire_receipts([r for r, _ in delivered if r is not None], vt)
             self.counters["messages_received"] += len(delivered)
             for r, m in delivered:
                 out.append(self._message_json(m, r))
         return web.json_response({"messages": out})
+
+    def _expire_receipts(self, receipts, seconds):
+        """Remember when receipts' deliveries are given back; forget the receipts of
+        deliveries given back long ago (at most every 10 s), so that the receipt map does
+        not grow with the messages never deleted."""
+        now = time.time()
+        for r in receipts:
+            self.expiry[r] = now + seconds
+        if now - self.swept < 10:
+            return
+        self.swept = now
+        gone = [r for r, t in self.expiry.items() if t < now - 60
+                or r not in self.service.receipts]
+        for r in gone:
+            del self.expiry[r]
+        self.service.forget(gone)
 
     @staticmethod
     def _take(cc, n, vt, shuffle, policy):
@@ -491,6 +510,8 @@ class Sasquatch:
                 continue
             if seconds <= 0:
                 self.service.forget([r])
+            else:
+                self.expiry[r] = time.time() + seconds
         if not changed:
             raise ApiError(404, "NotFound", "no message matched the receipt handles")
         return web.json_response({"result": "ok"})
@@ -499,13 +520,20 @@ class Sasquatch:
         name = _queue_name(await self._doc(request), star=True)
         if name == "*":
             names = sorted(await self.api.run(self.service.list_queues))
+        elif name not in self.service.queues:      # never created: nothing to purge
+            names = [n for n in await self.api.run(self.service.list_queues) if n == name]
         else:
             names = [name]
         purged = 0
         for n in names:
             q = self.service.queues.get(n)
             if q is None:
-                q, _, _ = await self.queue(n)
+                try:
+                    q, _, _ = await self.queue(n)
+                except ApiError:
+                    if name == "*":        # stored as another kind: purge the others
+                        continue
+                    raise
             purged += await self.api.run(q.purge)
         return web.json_response({"result": "ok", "deleted": purged})
 
@@ -525,6 +553,12 @@ class Sasquatch:
         return web.json_response([{"queue_name": n, "count": c.get("ready", 0),
                                    "in_flight": c.get("in_flight", 0)}
                                   for n, c in sorted(found.items())])
+
+    async def on_cleanup(self, app):
+        """Close the maxsize twins before the service closes its queues and storage."""
+        for q in list(self.limited.values()):
+            await self.api.run(q.close)
+        self.limited.clear()
 
     def stats_json(self):
         return {"uptime_seconds": round(time.time() - self.started, 3),
@@ -578,6 +612,7 @@ def add_routes(app, api, settings=None):
     """Register Sasquatch's endpoints on app (make_app calls this)."""
     sq = Sasquatch(api, settings)
     app["sasquatch"] = sq
+    app.on_cleanup.insert(0, sq.on_cleanup)
     r = app.router
     for path, handler in (("/send", sq.send), ("/send_batch", sq.send_batch),
                           ("/receive", sq.receive), ("/dequeue", sq.receive),
