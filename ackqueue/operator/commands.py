@@ -168,6 +168,80 @@ def serve(path, memory, host, port, socket_path, durability, lease_timeout, max_
                          pool_size=threads, max_body=max_body, loop=loop))
 
 
+
+@cli.command(short_help="the queue service: one process owns the queue file and serves the "
+                        "native HTTP API (needs pip install 'ackqueue[service]')")
+@click.argument("path", required=False)
+@click.option("--memory", is_flag=True,
+              help="serve in-memory queues (nothing survives the process)")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address")
+@click.option("--port", type=int, default=8080, show_default=True,
+              help="TCP port (0 picks a free one)")
+@click.option("--socket", "socket_path", metavar="PATH", help="also serve on this Unix socket")
+@click.option("--durability", type=click.Choice(["fsync", "os"]), default="fsync",
+              show_default=True,
+              help="fsync: every commit survives a power cut; os: commits survive a crash "
+                   "of the service, not of the machine")
+@click.option("--lease-timeout", type=float, default=30.0, show_default=True,
+              metavar="SECONDS",
+              help="a client that sends nothing for this long loses what it holds")
+@click.option("--max-body", type=int, default=1 << 20, show_default=True, metavar="BYTES",
+              help="the largest message body (native API)")
+@click.option("--threads", type=int, default=64, show_default=True,
+              help="thread pool for blocking queue calls")
+@click.option("--loop", type=click.Choice(["asyncio", "uvloop", "auto"]), default="asyncio",
+              show_default=True,
+              help="event loop (uvloop if installed; auto: uvloop when installed; see "
+                   "README for why asyncio is the default)")
+@click.option("--max-queue-length", type=int, default=5000, show_default=True,
+              help="Sasquatch's API: most messages per queue (QueueFull past it)")
+@click.option("--max-message-size", type=int, default=256, show_default=True, metavar="KB",
+              help="Sasquatch's API: largest message body in KB (1-10240)")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="an .ini config file (see --generate-config); options given on the "
+                   "command line override it")
+@click.option("--generate-config", is_flag=True,
+              help="print a commented default config file and exit")
+@click.pass_context
+def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout, max_body,
+          threads, loop, **more):
+    """Serve the queues of the file PATH (created if missing), or in memory with --memory,
+    over HTTP until SIGTERM or Ctrl-C.
+
+    \b
+    Example:
+      ackqueue serve jobs.fs --port 8080
+    """
+    from ..service.config import apply_config
+    options = apply_config(ctx, dict(path=path, memory=memory, host=host, port=port,
+                                     socket_path=socket_path, durability=durability,
+                                     lease_timeout=lease_timeout, max_body=max_body,
+                                     threads=threads, loop=loop, **more))
+    path, memory = options["path"], options["memory"]
+    if (path is None) == (not memory):
+        raise click.UsageError("give the queue file PATH or --memory (one of them)")
+    if not 0 <= options["port"] <= 65535:
+        raise click.UsageError(f"port {options['port']} is out of range")
+    if (not options["lease_timeout"] > 0 or options["max_body"] < 1
+            or options["threads"] < 1):
+        raise click.UsageError("--lease-timeout, --max-body and --threads must be positive")
+    if memory and options["durability"] != "fsync":
+        raise click.UsageError("--durability applies to a queue file, not --memory")
+    try:
+        from ..service.server import serve as run_service
+    except ImportError as exc:
+        raise click.UsageError(f"the queue service needs aiohttp ({exc}): "
+                               "pip install 'ackqueue[service]'") from None
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(run_service(None if memory else path, options["host"], options["port"],
+                         socket_path=options["socket_path"],
+                         durability=options["durability"],
+                         lease_timeout=options["lease_timeout"], pool_size=options["threads"],
+                         max_body=options["max_body"], loop=options["loop"],
+                         sasquatch=options.get("sasquatch")))
+
+
 # -- looking --------------------------------------------------------------------------------
 
 @cli.command("ls")

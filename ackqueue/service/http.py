@@ -317,7 +317,9 @@ class Api:
     # -- handlers ------------------------------------------------------------------------
 
     async def health(self, request):
-        return web.json_response({"status": "ok", "threads": threading.active_count(),
+        from .sasquatch import VERSION
+        return web.json_response({"status": "ok", "version": VERSION,
+                                  "threads": threading.active_count(),
                                   "queues_open": len(self.service.queues),
                                   "clients": len(self.service.leases.sessions),
                                   "long_polls": sum(len(w) for w in self.waiters.values()),
@@ -586,7 +588,7 @@ async def _receipts(request):
     return receipts
 
 
-def make_app(service, *, pool_size=64, max_body=1 << 20):
+def make_app(service, *, pool_size=64, max_body=1 << 20, sasquatch=None):
     """The aiohttp application serving service's native API."""
     api = Api(service, pool_size=pool_size, max_body=max_body)
     app = web.Application(middlewares=[api.errors],
@@ -611,4 +613,6 @@ def make_app(service, *, pool_size=64, max_body=1 << 20):
     r.add_get("/v1/queues/{name}/browse", api.browse)
     r.add_post("/v1/leases/{client}", api.renew)
     r.add_delete("/v1/leases/{client}", api.end_lease)
+    from .sasquatch import add_routes as add_sasquatch_routes
+    add_sasquatch_routes(app, api, sasquatch)       # Sasquatch's API on the same port
     return app

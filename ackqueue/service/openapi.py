@@ -58,6 +58,11 @@ def _errors(*codes):
     return {str(c): _ERR for c in codes}
 
 
+def _sasquatch_paths():
+    from .sasquatch import OPENAPI_PATHS
+    return OPENAPI_PATHS
+
+
 def document():
     msg = {"$ref": "#/components/schemas/Message"}
     return {
@@ -185,6 +190,7 @@ def document():
                            "parameters": [{"name": "client", "in": "path", "required": True,
                                            "schema": {"type": "string"}}],
                            "responses": {"200": _ok({"type": "object"}), **_errors(400)}}},
+            **_sasquatch_paths(),        # Sasquatch's API, on the same port
         },
         "components": {"schemas": {
             "Error": {"type": "object", "properties": {"error": {
@@ -192,7 +198,8 @@ def document():
                     "code": {"type": "string", "enum": [
                         "InvalidRequest", "ValidationError", "NotFound", "MethodNotAllowed",
                         "DuplicateMessage", "StaleReceipt", "UnknownReceipt",
-                        "MessageSizeExceeded", "InternalError"]},
+                        "MessageSizeExceeded", "InternalError", "QueueFull",
+                        "QueueKindMismatch"]},
                     "message": {"type": "string"}}}}},
             "Counts": {"type": "object", "properties": {
                 "ready": {"type": "integer"}, "in_flight": {"type": "integer"},

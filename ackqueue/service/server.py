@@ -32,8 +32,8 @@ def _use_uvloop(choice):
 
 
 async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
-                 shutdown_timeout):
-    app = make_app(service, pool_size=pool_size, max_body=max_body)
+                 shutdown_timeout, sasquatch=None):
+    app = make_app(service, pool_size=pool_size, max_body=max_body, sasquatch=sasquatch)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=shutdown_timeout)
     await runner.setup()
@@ -62,7 +62,7 @@ async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
 
 def serve(path=None, host="127.0.0.1", port=DEFAULT_PORT, *, socket_path=None,
           durability="fsync", lease_timeout=30.0, pool_size=64, max_body=1 << 20,
-          loop="asyncio", shutdown_timeout=10.0, out=sys.stdout):
+          loop="asyncio", shutdown_timeout=10.0, out=sys.stdout, sasquatch=None):
     """Serve the queues of the file path (memory when None) until SIGTERM or SIGINT."""
     if path is not None:
         path = os.path.realpath(path)
@@ -76,7 +76,8 @@ def serve(path=None, host="127.0.0.1", port=DEFAULT_PORT, *, socket_path=None,
         else:
             runner = asyncio.run
         runner(_serve(service, host, port, socket_path, out, pool_size=pool_size,
-                      max_body=max_body, shutdown_timeout=shutdown_timeout))
+                      max_body=max_body, shutdown_timeout=shutdown_timeout,
+                      sasquatch=sasquatch))
     finally:
         if not service.closed:
             service.close()
