@@ -122,53 +122,6 @@ def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure)
     sys.exit(code)
 
 
-@cli.command(short_help="the queue service: one process owns the queue file and serves "
-                        "the native HTTP API (needs pip install 'ackqueue[service]')")
-@click.argument("path", required=False)
-@click.option("--memory", is_flag=True, help="serve in-memory queues (nothing survives)")
-@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
-              help="TCP port (0 picks a free one)")
-@click.option("--socket", "socket_path", metavar="PATH", help="also serve on this Unix socket")
-@click.option("--durability", type=click.Choice(["fsync", "os"]), default="fsync",
-              help="fsync: every commit survives a power cut (default); os: commits "
-                   "survive a crash of the service, not of the machine")
-@click.option("--lease-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
-              show_default=True, metavar="SECONDS",
-              help="a client that sends nothing for this long loses what it holds")
-@click.option("--max-body", type=click.IntRange(min=1), default=1 << 20, show_default=True,
-              metavar="BYTES", help="the largest message body")
-@click.option("--threads", type=click.IntRange(min=1), default=64, show_default=True,
-              help="thread pool for blocking queue calls")
-@click.option("--loop", type=click.Choice(["asyncio", "uvloop", "auto"]), default="asyncio",
-              help="event loop (default asyncio; auto: uvloop when installed; see README)")
-def serve(path, memory, host, port, socket_path, durability, lease_timeout, max_body,
-          threads, loop):
-    """Serve the queues of the file PATH (or --memory) over HTTP: the native API under
-    /v1, described at /openapi.json.  Every client's operations share the store's group
-    commit; stops cleanly on SIGTERM or Ctrl-C.
-
-    \b
-    Example:
-      ackqueue serve jobs.fs --port 8080
-    """
-    if (path is None) == (not memory):
-        raise click.UsageError("give the queue file PATH or --memory (one of them)")
-    if memory and durability != "fsync":
-        raise click.UsageError("--durability applies to a queue file, not --memory")
-    try:
-        from ..service.server import serve as run_service
-    except ImportError as exc:
-        raise click.UsageError(f"the queue service needs aiohttp ({exc}): "
-                               "pip install 'ackqueue[service]'") from None
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.exit(run_service(None if memory else path, host, port, socket_path=socket_path,
-                         durability=durability, lease_timeout=lease_timeout,
-                         pool_size=threads, max_body=max_body, loop=loop))
-
-
-
 @cli.command(short_help="the queue service: one process owns the queue file and serves the "
                         "native HTTP API (needs pip install 'ackqueue[service]')")
 @click.argument("path", required=False)
