@@ -26,6 +26,7 @@ the threads waiting.
           expires (ackqueue.lease).
 """
 import logging
+import os
 import random
 from bisect import insort
 from time import monotonic
@@ -140,7 +141,8 @@ class SharedArbiter:
         op = store.Put(self.name, None, None, body, opts.priority, now,
                        now + opts.delay if opts.delay else None, now + opts.retention,
                        opts.attributes, dedup_id,
-                       None if dedup_id is None else now + opts.dedup_window)
+                       None if dedup_id is None else now + opts.dedup_window,
+                       token=os.urandom(16))     # a retried commit is applied once
         return op, None
 
     def arrive(self, entries):

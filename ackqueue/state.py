@@ -190,6 +190,8 @@ def sweep_due(rec, now):
     due = [seq for seq, msg in rec.messages.items()
            if msg.expires_at is not None and msg.expires_at <= now and msg.holder is None]
     dedup_due = rec.dedup is not None and any(until <= now for until in rec.dedup.values())
+    dedup_due = dedup_due or (rec.put_tokens is not None and any(
+        until <= now for _, until in rec.put_tokens.values()))
     return due, dedup_due
 
 

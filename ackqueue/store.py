@@ -137,6 +137,7 @@ DEFAULT_RETENTION = 4 * 86400.0     # seconds a message may wait unprocessed (SQ
 MAX_RETENTION = 14 * 86400.0        # the longest retention a put may ask for
 DEAD_LETTER_RETENTION = MAX_RETENTION   # a dead letter is kept this long for inspection
 DEFAULT_DEDUP_WINDOW = 300.0        # seconds during which a dedup id refuses a second put
+PUT_TOKEN_WINDOW = 600.0            # seconds a put's token recognises a retried commit
 SEQ_BLOCK = 1024            # sequence numbers reserved in the store at a time (see Put)
 SEQ_BITS = 48
 SEQ_MASK = (1 << SEQ_BITS) - 1
@@ -295,6 +296,8 @@ class QueueRecord(Persistent):
 
     codec = None        # how puts encode items (ackqueue.codec); None: the default, pickle
 
+    put_tokens = None   # OOBTree token -> (seq, until): puts through a server (see Put.token)
+
     def __init__(self, name, kind):
         if kind not in KINDS:
             raise ValueError(f"unknown queue kind {kind!r}")
@@ -368,6 +371,12 @@ class QueueRecord(Persistent):
         if self.dedup is None:
             self.dedup = OOBTree()
         return self.dedup
+
+    def remember_put_token(self, token, seq, until):
+        """A put through a server with this token was applied as seq (kept until then)."""
+        if self.put_tokens is None:
+            self.put_tokens = OOBTree()
+        self.put_tokens[token] = (seq, until)
 
     def remember_dedup(self, dedup_id, until, seq):
         """A put with dedup_id refuses others until then; seq is kept to name it."""
@@ -677,20 +686,34 @@ class Put(_Op):
     number it was given once the unit committed."""
 
     __slots__ = ("name", "seq", "key", "body", "priority", "sent_at", "visible_at", "numbered",
-                 "expires_at", "attributes", "dedup_id", "dedup_until")
+                 "expires_at", "attributes", "dedup_id", "dedup_until", "token")
 
     def __init__(self, name, seq, key, body, priority, sent_at, visible_at=None,
-                 expires_at=None, attributes=None, dedup_id=None, dedup_until=None):
+                 expires_at=None, attributes=None, dedup_id=None, dedup_until=None,
+                 token=None):
         self.name, self.seq, self.key, self.body = name, seq, key, body
         self.priority, self.sent_at, self.visible_at = priority, sent_at, visible_at
         self.numbered = seq is None
         self.expires_at, self.attributes = expires_at, attributes
         self.dedup_id, self.dedup_until = dedup_id, dedup_until
+        # Through a server a commit cut off after it reached the server is retried: the
+        # token (random bytes made by the putting process) lets the store recognise the
+        # retry of a put it has already applied (QueueRecord.put_tokens).
+        self.token = token
+
+    def _applied_before(self, rec):
+        """The seq this very put got when an earlier attempt of its commit was applied."""
+        if self.token is None or rec.put_tokens is None:
+            return None
+        seen = rec.put_tokens.get(self.token)
+        return None if seen is None else seen[0]
 
     def check(self, root):
         if self.dedup_id is None:
             return
         rec = _queue(root, self.name)
+        if self._applied_before(rec) is not None:
+            return                            # its own first attempt used the dedup id
         dedup = rec.dedup
         until = dedup.get(self.dedup_id) if dedup is not None else None
         if until is not None and until > self.sent_at:
@@ -704,6 +727,11 @@ class Put(_Op):
 
     def apply(self, root):
         rec = _queue(root, self.name)
+        earlier = self._applied_before(rec)
+        if earlier is not None:               # a retry of a commit that did go through
+            self.seq = earlier
+            self.key = store_key(rec.kind, self.priority, earlier)
+            return
         if self.numbered:
             self.seq = rec.next_seq.take()
             self.key = store_key(rec.kind, self.priority, self.seq)
@@ -717,6 +745,8 @@ class Put(_Op):
         rec.make_ready(self.seq, self.key, self.visible_at, put=1)
         if self.dedup_id is not None:
             rec.remember_dedup(self.dedup_id, self.dedup_until, self.seq)
+        if self.token is not None:
+            rec.remember_put_token(self.token, self.seq, self.sent_at + PUT_TOKEN_WINDOW)
 
     @classmethod
     def apply_run(cls, root, puts):
@@ -1182,6 +1212,9 @@ class PruneDedup(_Op):
 
     def apply(self, root):
         rec = _queue(root, self.name)
+        if rec.put_tokens is not None:
+            for token in [k for k, (_, until) in rec.put_tokens.items() if until <= self.at]:
+                del rec.put_tokens[token]
         dedup = rec.dedup
         if dedup is None:
             return

@@ -1,0 +1,115 @@
+"""A put whose commit was cut off after it reached the server (issue 25 point 2): the client
+retries it once the connection is back, and the store recognises the retry by the put's
+idempotency token, so the item is stored once, never twice.
+
+The cut is real: a TCP proxy, run in this test between the client and a real `ackqueue
+server`, forwards every byte until the client asks the server to finish a commit
+(tpc_finish), then drops the connection before the server's answer reaches the client.
+The server has committed; the client cannot know it.
+"""
+import socket
+import threading
+
+import pytest
+
+from ackqueue import AckQueue, Empty
+
+from zeo_server import Server
+
+WAIT = 30
+
+
+class CuttingProxy:
+    """Forward 127.0.0.1:port to the server; once armed, drop the connection that sends
+    tpc_finish before any answer to it comes back."""
+
+    def __init__(self, target_port):
+        self.target = ("127.0.0.1", target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed = threading.Event()
+        self.cuts = 0
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            state = {"finishing": False}
+            threading.Thread(target=self._pump, args=(client, server, state, True),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, state, False),
+                             daemon=True).start()
+
+    def _pump(self, src, dst, state, upstream):
+        tail = b""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if upstream and self.armed.is_set() and b"tpc_finish" in tail + data:
+                    self.armed.clear()
+                    state["finishing"] = True
+                    dst.sendall(data)             # the server gets it and commits
+                    continue
+                if not upstream and state["finishing"]:
+                    self.cuts += 1                # its answer never reaches the client
+                    break
+                dst.sendall(data)
+                tail = data[-16:]
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self):
+        self.closed = True
+        self.listener.close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("how", ["put", "put_many", "transaction"])
+def test_a_put_cut_off_after_it_reached_the_server_is_stored_once(server, how):
+    proxy = CuttingProxy(server.port)
+    try:
+        url = f"zeo://127.0.0.1:{proxy.port}?lease_timeout=600&wait_timeout={WAIT}"
+        with AckQueue(path=url, name="jobs") as q:
+            q.put("warm-up")                      # the queue exists; the proxy is idle
+            assert q.get(timeout=WAIT) == "warm-up"
+            q.task_done()
+            proxy.armed.set()
+            if how == "put":
+                q.put("once")
+            elif how == "put_many":
+                q.put_many(["once", "twice-not"])
+            else:
+                with q.transaction():
+                    q.put("once")
+            assert proxy.cuts == 1, "the commit's answer was cut off"
+        expected = ["once", "twice-not"] if how == "put_many" else ["once"]
+        with AckQueue(path=server.url, name="jobs") as q:   # around the proxy
+            got = []
+            while True:
+                try:
+                    got.append(q.get(timeout=1))
+                    q.task_done()
+                except Empty:
+                    break
+            assert got == expected
+    finally:
+        proxy.close()
