@@ -611,4 +611,6 @@ def make_app(service, *, pool_size=64, max_body=1 << 20):
     r.add_get("/v1/queues/{name}/browse", api.browse)
     r.add_post("/v1/leases/{client}", api.renew)
     r.add_delete("/v1/leases/{client}", api.end_lease)
+    from . import stats
+    stats.add_routes(app, api)                  # /stats, /stats.json, /metrics (stats.py)
     return app
