@@ -117,8 +117,14 @@ def server(path, listen, durability):
               help="thread pool for blocking queue calls")
 @click.option("--loop", type=click.Choice(["asyncio", "uvloop", "auto"]), default="asyncio",
               help="event loop (default asyncio; auto: uvloop when installed; see README)")
+@click.option("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
+@click.option("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+@click.option("--auth", "auth_file", metavar="FILE",
+              help="clients, secrets and rights per queue (JSON; see README)")
+@click.option("--insecure", is_flag=True,
+              help="listen on a non-loopback address without TLS and auth anyway")
 def serve(path, memory, host, port, socket_path, durability, lease_timeout, max_body,
-          threads, loop):
+          threads, loop, tls_cert, tls_key, auth_file, insecure):
     """Serve the queues of the file PATH (or --memory) over HTTP: the native API under
     /v1, described at /openapi.json.  Every client's operations share the store's group
     commit; stops cleanly on SIGTERM or Ctrl-C.
@@ -136,11 +142,18 @@ def serve(path, memory, host, port, socket_path, durability, lease_timeout, max_
     except ImportError as exc:
         raise click.UsageError(f"the queue service needs aiohttp ({exc}): "
                                "pip install 'ackqueue[service]'") from None
+    from ..service.auth import Refused, prepare
+    try:
+        ssl_context, auth = prepare(host, tls_cert, tls_key, auth_file, insecure)
+    except Refused as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(run_service(None if memory else path, host, port, socket_path=socket_path,
                          durability=durability, lease_timeout=lease_timeout,
-                         pool_size=threads, max_body=max_body, loop=loop))
+                         pool_size=threads, max_body=max_body, loop=loop,
+                         ssl_context=ssl_context, auth=auth))
 
 
 # -- looking --------------------------------------------------------------------------------

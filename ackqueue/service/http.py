@@ -586,8 +586,8 @@ async def _receipts(request):
     return receipts
 
 
-def make_app(service, *, pool_size=64, max_body=1 << 20):
-    """The aiohttp application serving service's native API."""
+def make_app(service, *, pool_size=64, max_body=1 << 20, auth=None):
+    """The aiohttp application serving service's native API (auth: an auth.Auth)."""
     api = Api(service, pool_size=pool_size, max_body=max_body)
     app = web.Application(middlewares=[api.errors],
                           client_max_size=max(max_body, 16 << 20) + 65536)
@@ -613,4 +613,6 @@ def make_app(service, *, pool_size=64, max_body=1 << 20):
     r.add_delete("/v1/leases/{client}", api.end_lease)
     from . import stats
     stats.add_routes(app, api)                  # /stats, /stats.json, /metrics (stats.py)
+    if auth is not None:                        # outermost: before anything else runs
+        app.middlewares.insert(0, auth.middleware)
     return app
