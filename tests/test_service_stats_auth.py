@@ -7,7 +7,6 @@ synchronization."""
 import base64
 import http.client
 import json
-import os
 import re
 import select
 import shutil
@@ -226,3 +225,231 @@ def test_stats_page_in_headless_chromium(serve, tmp_path):
     assert jobs["oldest_age"].endswith(" s") and mail["oldest_age"] == "\u2013"
     assert re.search(r'<span id="status" class="">updated ', dom), dom[:3000]
     assert s.stop() == 0
+
+
+# -- TLS ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cert(tmp_path):
+    """A self-signed certificate for 127.0.0.1 made with the openssl command line."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl command to make a self-signed certificate")
+    certfile, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(keyfile), "-out", str(certfile)],
+                   check=True, capture_output=True, timeout=60)
+    return str(certfile), str(keyfile)
+
+
+def test_https_round_trip_and_plain_http_refused(serve, cert):
+    certfile, keyfile = cert
+    s = serve("--tls-cert", certfile, "--tls-key", keyfile, cafile=certfile)
+    assert s.scheme == "https"
+    mid = s.put("jobs", b"over tls")
+    status, doc = s.call("POST", "/v1/queues/jobs/receive", headers={"X-Client-Id": "c"})
+    assert status == 200 and [m["id"] for m in doc["messages"]] == [mid]
+    assert base64.b64decode(doc["messages"][0]["body"]) == b"over tls"
+    # Plain HTTP on the TLS port gets no HTTP answer.
+    plain = http.client.HTTPConnection("127.0.0.1", s.port, timeout=20)
+    with pytest.raises((http.client.HTTPException, ConnectionError)):
+        plain.request("GET", "/health")
+        plain.getresponse()
+    plain.close()
+    # A client that does not trust the certificate refuses the service.
+    untrusting = http.client.HTTPSConnection("127.0.0.1", s.port, timeout=20,
+                                             context=ssl.create_default_context())
+    with pytest.raises(ssl.SSLCertVerificationError):
+        untrusting.request("GET", "/health")
+    untrusting.close()
+    assert s.stop() == 0
+
+
+# -- access control ---------------------------------------------------------------------------
+
+ALICE, BOB, ADMIN = "alice-secret-0123456789", "bob-secret-0123456789", "admin-secret-012345678"
+
+
+@pytest.fixture
+def auth_file(tmp_path):
+    import hashlib
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps({"clients": {
+        "alice": {"secret": ALICE, "rights": {"jobs*": ["read", "write"], "*": ["read"]}},
+        "bob": {"secret_sha256": hashlib.sha256(BOB.encode()).hexdigest(),
+                "rights": {"jobs.in": ["write"], "mail": ["read"]}},
+        "root": {"secret": ADMIN, "rights": {"*": ["admin"]}}}}))
+    return str(path)
+
+
+def test_auth_401_without_or_with_a_wrong_token(serve, auth_file):
+    s = serve("--auth", auth_file)
+    assert s.call("GET", "/health")[0] == 200                 # stays open
+    for token in (None, "not-a-secret-of-anyone", ALICE + "x"):
+        status, doc = s.call("POST", "/v1/queues/jobs/messages", b"x", token=token)
+        assert status == 401 and doc["error"]["code"] == "Unauthenticated", (token, doc)
+        challenges = s.last_headers.get_all("WWW-Authenticate")
+        assert any(c.startswith("Bearer ") for c in challenges)
+    status, _ = s.call("GET", "/v1/queues/jobs", headers={"Authorization": "Basic !!"},
+                       token=None)
+    assert status == 401
+    status, _ = s.call("GET", "/no/such/route", token=None)
+    assert status == 401                                    # unknown routes need a client
+    status, doc = s.call("GET", "/no/such/route", token=ALICE)
+    assert status == 404 and doc["error"]["code"] == "NotFound"
+    assert s.stop() == 0
+
+
+def test_auth_rights_per_queue_pattern(serve, auth_file):
+    s = serve("--auth", auth_file)
+    # alice: read and write on jobs*, read elsewhere.
+    s.put("jobs", b"a", token=ALICE)
+    s.put("jobs.urgent", b"b", token=ALICE)
+    status, doc = s.call("POST", "/v1/queues/mail/messages", b"c", token=ALICE)
+    assert status == 403 and doc["error"]["code"] == "Forbidden"
+    assert "write" in doc["error"]["message"] and "mail" in doc["error"]["message"]
+    # bob: write on jobs.in only, read on mail only; the hashed secret works.
+    s.put("jobs.in", b"d", token=BOB)
+    s.put("mail", b"e", token=ADMIN)                        # admin includes write
+    status, doc = s.call("POST", "/v1/queues/jobs.in/receive", token=BOB,
+                         headers={"X-Client-Id": "bob"})
+    assert status == 403                                     # no read on jobs.in
+    status, doc = s.call("POST", "/v1/queues/mail/receive", token=BOB,
+                         headers={"X-Client-Id": "bob:1"})
+    assert status == 200 and len(doc["messages"]) == 1
+    receipt = doc["messages"][0]["receipt"]
+    status, doc = s.call("POST", f"/v1/queues/mail/ack?receipt={receipt}", token=BOB)
+    assert (status, doc) == (200, {"acked": 1})               # consuming needs read only
+    status, _ = s.call("POST", "/v1/queues/jobs/messages", b"f", token=BOB)
+    assert status == 403
+    # alice reads anything: receive from mail is allowed, under her own client ids only.
+    status, doc = s.call("POST", "/v1/queues/jobs/receive", token=ALICE,
+                         headers={"X-Client-Id": "alice:w1"})
+    assert status == 200 and len(doc["messages"]) == 1
+    status, doc = s.call("POST", "/v1/queues/jobs/receive", token=ALICE,
+                         headers={"X-Client-Id": "bob"})
+    assert status == 403 and "client id" in doc["error"]["message"]
+    assert s.call("DELETE", "/v1/leases/bob", token=ALICE)[0] == 403
+    assert s.call("DELETE", "/v1/leases/alice:w1", token=ALICE)[0] == 200
+    assert s.stop() == 0
+
+
+def test_auth_reads_sasquatch_queue_names_from_the_body(auth_file):
+    """Routes added by another front (Sasquatch's /send, /send_batch, /delete_all) are
+    checked on the queue names of their JSON body: the middleware before a stand-in
+    handler, served over real HTTP in this process."""
+    import asyncio
+    from aiohttp import web
+    from ackqueue.service.auth import load_auth
+    auth = load_auth(auth_file)
+    bodies = []
+
+    async def handler(request):
+        bodies.append(await request.read())               # the body is still there
+        return web.json_response({"ok": True})
+    app = web.Application(middlewares=[auth.middleware])
+    for path in ("/send", "/send_batch", "/delete_all", "/receive"):
+        app.router.add_post(path, handler)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+
+    def post(path, doc, token):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        try:
+            c.request("POST", path, json.dumps(doc),
+                      {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            r = c.getresponse()
+            r.read()
+            return r.status
+        finally:
+            c.close()
+    try:
+        assert post("/send", {"queue_name": "jobs", "message_body": "x"}, ALICE) == 200
+        assert bodies[-1] == json.dumps({"queue_name": "jobs", "message_body": "x"}).encode()
+        assert post("/send", {"queue_name": "mail", "message_body": "x"}, ALICE) == 403
+        assert post("/send", {"message_body": "no queue named"}, ALICE) == 403
+        batch = {"messages": [{"queue_name": "jobs", "message_body": "1"},
+                              {"queue_name": "jobs.x", "message_body": "2"}]}
+        assert post("/send_batch", batch, ALICE) == 200
+        batch["messages"].append({"queue_name": "mail", "message_body": "3"})
+        assert post("/send_batch", batch, ALICE) == 403
+        assert post("/receive", {"queue_name": "mail"}, ALICE) == 200
+        assert post("/receive", {"queue_name": "mail",
+                                 "dead_letter_queue_name": "mail-dlq"}, ALICE) == 403
+        assert post("/delete_all", {"queue_name": "*"}, ALICE) == 403
+        assert post("/delete_all", {"queue_name": "*"}, ADMIN) == 200
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+
+
+def test_auth_admin_only_routes(serve, auth_file):
+    s = serve("--auth", auth_file)
+    s.put("jobs", b"a", token=ALICE)
+    for path in ("/stats", "/stats.json", "/metrics"):
+        for token in (ALICE, BOB):
+            status, doc = s.call("GET", path, token=token)
+            assert status == 403 and doc["error"]["code"] == "Forbidden", (path, token)
+        assert s.call("GET", path, token=ADMIN)[0] == 200
+    assert s.call("POST", "/v1/queues/jobs/purge", token=ALICE)[0] == 403
+    assert s.call("POST", "/v1/queues/jobs/purge", token=ADMIN) == (200, {"purged": 1})
+    assert s.call("GET", "/v1/queues", token=BOB)[0] == 403      # needs read on "*"
+    assert s.call("GET", "/v1/queues", token=ALICE)[0] == 200
+    # A browser sends Basic credentials (name and secret) after the 401's challenge.
+    basic = base64.b64encode(f"root:{ADMIN}".encode()).decode()
+    assert s.call("GET", "/stats.json", headers={"Authorization": f"Basic {basic}"},
+                  token=None)[0] == 200
+    wrong = base64.b64encode(f"alice:{ADMIN}".encode()).decode()
+    assert s.call("GET", "/stats.json", headers={"Authorization": f"Basic {wrong}"},
+                  token=None)[0] == 401
+    assert s.stop() == 0
+
+
+def test_bad_auth_file_refused_at_start(tmp_path):
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps({"clients": {"a": {"secret": "short", "rights": {"*": ["fly"]}}}}))
+    out = subprocess.run([console_script(), "serve", "--memory", "--port", "0",
+                          "--auth", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    [line] = out.stderr.splitlines()
+    assert "at least 16 characters" in line                      # every problem listed
+    assert "rights of '*' are a list among read, write, admin" in line
+
+
+# -- exposure -------------------------------------------------------------------------------
+
+def test_non_loopback_needs_tls_and_auth_or_insecure(tmp_path, auth_file):
+    args = [console_script(), "serve", "--memory", "--host", "0.0.0.0", "--port", "0"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    [line] = out.stderr.splitlines()
+    assert "refusing to listen on 0.0.0.0" in line and "--insecure" in line
+    out = subprocess.run(args + ["--auth", auth_file], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "without TLS" in out.stderr
+    # With --insecure it starts: read its line, then stop it.
+    proc = subprocess.Popen(args + ["--insecure"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
+        line = proc.stdout.readline() if ready else ""
+        found = re.search(r"listening on http://0\.0\.0\.0:(\d+)", line)
+        assert found, line
+        c = http.client.HTTPConnection("127.0.0.1", int(found.group(1)), timeout=20)
+        c.request("GET", "/health")
+        assert c.getresponse().status == 200
+        c.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        proc.stdout.close()
