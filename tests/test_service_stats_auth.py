@@ -453,3 +453,24 @@ def test_non_loopback_needs_tls_and_auth_or_insecure(tmp_path, auth_file):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         proc.stdout.close()
+
+
+def test_every_route_has_a_rule_and_the_figures_are_documented():
+    """No route of make_app falls to the unknown-route default by oversight, and
+    /openapi.json describes the figures and the bearer scheme."""
+    from ackqueue.service.auth import ROUTES
+    from ackqueue.service.core import Service
+    from ackqueue.service.http import make_app
+    from ackqueue.service.openapi import document
+    service = Service(None)
+    try:
+        app = make_app(service, pool_size=1)
+        routes = {(r.method, r.resource.canonical) for r in app.router.routes()
+                  if r.method != "HEAD"}
+    finally:
+        app["api"].pool.shutdown()
+        service.close()
+    assert routes and routes <= set(ROUTES), routes - set(ROUTES)
+    doc = document()
+    assert {"/stats", "/stats.json", "/metrics"} <= set(doc["paths"])
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"

@@ -60,7 +60,7 @@ def _errors(*codes):
 
 def document():
     msg = {"$ref": "#/components/schemas/Message"}
-    return {
+    doc = {
         "openapi": "3.0.3",
         "info": {"title": "ackqueue native API", "version": "1",
                  "description": "The queue service (ackqueue serve). Bodies are opaque "
@@ -210,3 +210,6 @@ def document():
                 "body": {"type": "string", "format": "byte"}}},
         }},
     }
+    from .stats import openapi_paths             # /stats, /stats.json, /metrics; auth
+    openapi_paths(doc)
+    return doc
