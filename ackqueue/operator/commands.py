@@ -155,6 +155,12 @@ def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure)
                    "command line override it")
 @click.option("--generate-config", is_flag=True,
               help="print a commented default config file and exit")
+@click.option("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
+@click.option("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+@click.option("--auth", "auth_file", metavar="FILE",
+              help="clients, secrets and rights per queue (JSON; see README)")
+@click.option("--insecure", is_flag=True,
+              help="listen on a non-loopback address without TLS and auth anyway")
 @click.pass_context
 def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout, max_body,
           threads, loop, **more):
@@ -185,6 +191,15 @@ def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout,
     except ImportError as exc:
         raise click.UsageError(f"the queue service needs aiohttp ({exc}): "
                                "pip install 'ackqueue[service]'") from None
+    from ..service.auth import Refused, prepare
+    try:
+        ssl_context, auth = prepare(options["host"], options.pop("tls_cert", None),
+                                    options.pop("tls_key", None),
+                                    options.pop("auth_file", None),
+                                    options.pop("insecure", False))
+    except Refused as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(run_service(None if memory else path, options["host"], options["port"],
@@ -192,7 +207,8 @@ def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout,
                          durability=options["durability"],
                          lease_timeout=options["lease_timeout"], pool_size=options["threads"],
                          max_body=options["max_body"], loop=options["loop"],
-                         sasquatch=options.get("sasquatch")))
+                         sasquatch=options.get("sasquatch"), ssl_context=ssl_context,
+                         auth=auth))
 
 
 # -- looking --------------------------------------------------------------------------------

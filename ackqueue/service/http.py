@@ -588,8 +588,9 @@ async def _receipts(request):
     return receipts
 
 
-def make_app(service, *, pool_size=64, max_body=1 << 20, sasquatch=None):
-    """The aiohttp application serving service's native API."""
+def make_app(service, *, pool_size=64, max_body=1 << 20, sasquatch=None, auth=None):
+    """The aiohttp application serving service's native API, Sasquatch's API (sasquatch:
+    its settings), the stats page and metrics (auth: an auth.Auth, or None)."""
     api = Api(service, pool_size=pool_size, max_body=max_body)
     app = web.Application(middlewares=[api.errors],
                           client_max_size=max(max_body, 16 << 20) + 65536)
@@ -613,6 +614,10 @@ def make_app(service, *, pool_size=64, max_body=1 << 20, sasquatch=None):
     r.add_get("/v1/queues/{name}/browse", api.browse)
     r.add_post("/v1/leases/{client}", api.renew)
     r.add_delete("/v1/leases/{client}", api.end_lease)
+    from . import stats
+    stats.add_routes(app, api)                  # /stats, /stats.json, /metrics (stats.py)
     from .sasquatch import add_routes as add_sasquatch_routes
-    add_sasquatch_routes(app, api, sasquatch)       # Sasquatch's API on the same port
+    add_sasquatch_routes(app, api, sasquatch)   # Sasquatch's API on the same port
+    if auth is not None:                        # outermost: before anything else runs
+        app.middlewares.insert(0, auth.middleware)
     return app

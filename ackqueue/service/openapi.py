@@ -65,7 +65,7 @@ def _sasquatch_paths():
 
 def document():
     msg = {"$ref": "#/components/schemas/Message"}
-    return {
+    doc = {
         "openapi": "3.0.3",
         "info": {"title": "ackqueue native API", "version": "1",
                  "description": "The queue service (ackqueue serve). Bodies are opaque "
@@ -217,3 +217,6 @@ def document():
                 "body": {"type": "string", "format": "byte"}}},
         }},
     }
+    from .stats import openapi_paths             # /stats, /stats.json, /metrics; auth
+    openapi_paths(doc)
+    return doc

@@ -32,8 +32,9 @@ def _use_uvloop(choice):
 
 
 async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
-                 shutdown_timeout, sasquatch=None):
-    app = make_app(service, pool_size=pool_size, max_body=max_body, sasquatch=sasquatch)
+                 shutdown_timeout, sasquatch=None, ssl_context=None, auth=None):
+    app = make_app(service, pool_size=pool_size, max_body=max_body, sasquatch=sasquatch,
+                   auth=auth)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=shutdown_timeout)
     await runner.setup()
@@ -42,12 +43,12 @@ async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
         where = []
         for sock in site._server.sockets:               # the port actually bound (port 0)
             h, p = sock.getsockname()[:2]
-            where.append(f"http://{'[' + h + ']' if ':' in h else h}:{p}")
+            where.append(f"{'https' if ssl_context else 'http'}://{'[' + h + ']' if ':' in h else h}:{p}")
         if socket_path:
             usite = web.UnixSite(runner, socket_path)
             await usite.start()
@@ -62,7 +63,8 @@ async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
 
 def serve(path=None, host="127.0.0.1", port=DEFAULT_PORT, *, socket_path=None,
           durability="fsync", lease_timeout=30.0, pool_size=64, max_body=1 << 20,
-          loop="asyncio", shutdown_timeout=10.0, out=sys.stdout, sasquatch=None):
+          loop="asyncio", shutdown_timeout=10.0, out=sys.stdout, sasquatch=None,
+          ssl_context=None, auth=None):
     """Serve the queues of the file path (memory when None) until SIGTERM or SIGINT."""
     if path is not None:
         path = os.path.realpath(path)
@@ -77,7 +79,7 @@ def serve(path=None, host="127.0.0.1", port=DEFAULT_PORT, *, socket_path=None,
             runner = asyncio.run
         runner(_serve(service, host, port, socket_path, out, pool_size=pool_size,
                       max_body=max_body, shutdown_timeout=shutdown_timeout,
-                      sasquatch=sasquatch))
+                      sasquatch=sasquatch, ssl_context=ssl_context, auth=auth))
     finally:
         if not service.closed:
             service.close()
