@@ -117,8 +117,12 @@ def server(path, listen, durability):
               help="thread pool for blocking queue calls")
 @click.option("--loop", type=click.Choice(["asyncio", "uvloop", "auto"]), default="asyncio",
               help="event loop (default asyncio; auto: uvloop when installed; see README)")
+@click.option("--client-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, metavar="SECONDS",
+              help="a connection idle or stalled in a request's headers or body for this "
+                   "long is closed")
 def serve(path, memory, host, port, socket_path, durability, lease_timeout, max_body,
-          threads, loop):
+          threads, loop, client_timeout):
     """Serve the queues of the file PATH (or --memory) over HTTP: the native API under
     /v1, described at /openapi.json.  Every client's operations share the store's group
     commit; stops cleanly on SIGTERM or Ctrl-C.
@@ -140,7 +144,8 @@ def serve(path, memory, host, port, socket_path, durability, lease_timeout, max_
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(run_service(None if memory else path, host, port, socket_path=socket_path,
                          durability=durability, lease_timeout=lease_timeout,
-                         pool_size=threads, max_body=max_body, loop=loop))
+                         pool_size=threads, max_body=max_body, loop=loop,
+                         client_timeout=client_timeout))
 
 
 # -- looking --------------------------------------------------------------------------------

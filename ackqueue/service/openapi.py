@@ -192,7 +192,7 @@ def document():
                     "code": {"type": "string", "enum": [
                         "InvalidRequest", "ValidationError", "NotFound", "MethodNotAllowed",
                         "DuplicateMessage", "StaleReceipt", "UnknownReceipt",
-                        "MessageSizeExceeded", "InternalError"]},
+                        "MessageSizeExceeded", "RequestTimeout", "InternalError"]},
                     "message": {"type": "string"}}}}},
             "Counts": {"type": "object", "properties": {
                 "ready": {"type": "integer"}, "in_flight": {"type": "integer"},
