@@ -26,8 +26,10 @@ def child_main(argv):
     # The children of benchmarks/run.py imported lean.py (so ZODB) before measuring
     # anything; kept, so that the RSS figures of (f) stay comparable with earlier runs.
     from benchmarks import lean  # noqa: F401
-    from benchmarks.scenarios import e_xproc, f_scale, g_processes
-    tasks = {"fill": f_scale.child_fill, "open": f_scale.child_open,
+    from benchmarks.scenarios import e_xproc, f_scale, g_processes, service
+    tasks = {"sprod": service.child_producer, "scons": service.child_consumer,
+             "sfloorsrv": service.child_floor_server, "sfloorcli": service.child_floor_client,
+             "fill": f_scale.child_fill, "open": f_scale.child_open,
              "xwake": e_xproc.child_xwake, "gprod": g_processes.child_producer,
              "gcons": g_processes.child_consumer, "gdrain": g_processes.child_drain}
     task = tasks.get(argv[0])

@@ -126,7 +126,7 @@ def new_report(args, contenders, shared, tmp_root):
 
 
 def run_scenarios(report, keys, contenders, shared, args, tmp_root):
-    from benchmarks.scenarios import e_xproc, f_scale, g_processes, table
+    from benchmarks.scenarios import e_xproc, f_scale, g_processes, service, table
     table_keys = [k for k in keys if k in TABLE]
     report["scenarios"].update(table.run_table_scenarios(table_keys, contenders, args,
                                                          tmp_root))
@@ -135,6 +135,8 @@ def run_scenarios(report, keys, contenders, shared, args, tmp_root):
             report["scenarios"]["e_xproc"] = e_xproc.run(args, shared, tmp_root)
         elif key == "g":
             report["scenarios"]["g"] = g_processes.run(args, shared, tmp_root)
+        elif key == "service":
+            report["scenarios"]["service"] = service.run(args, shared, tmp_root)
         elif key == "f":
             report["scenarios"]["f"] = f_scale.run(args, contenders, tmp_root)
 

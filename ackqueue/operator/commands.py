@@ -161,6 +161,10 @@ def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure)
               help="clients, secrets and rights per queue (JSON; see README)")
 @click.option("--insecure", is_flag=True,
               help="listen on a non-loopback address without TLS and auth anyway")
+@click.option("--client-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, metavar="SECONDS",
+              help="a connection idle or stalled in a request's headers or body for this "
+                   "long is closed")
 @click.pass_context
 def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout, max_body,
           threads, loop, **more):
@@ -207,6 +211,7 @@ def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout,
                          durability=options["durability"],
                          lease_timeout=options["lease_timeout"], pool_size=options["threads"],
                          max_body=options["max_body"], loop=options["loop"],
+                         client_timeout=options.pop("client_timeout", 60.0),
                          sasquatch=options.get("sasquatch"), ssl_context=ssl_context,
                          auth=auth))
 

@@ -198,8 +198,11 @@ def _frames_response(delivered, extra_headers=None):
 # -- the application ----------------------------------------------------------------------
 
 class Api:
-    def __init__(self, service, *, pool_size=64, max_body=1 << 20, max_batch_body=16 << 20):
+    def __init__(self, service, *, pool_size=64, max_body=1 << 20, max_batch_body=16 << 20,
+                 client_timeout=60.0):
         self.service = service
+        self.client_timeout = client_timeout
+        self.client_max_size = max(max_body, max_batch_body) + 65536
         self.pool = ThreadPoolExecutor(pool_size, thread_name_prefix="ackqueue-service")
         self.max_body = max_body
         self.max_batch_body = max_batch_body
@@ -249,12 +252,19 @@ class Api:
             except ValueError:
                 session = None
         try:
+            if request.body_exists:
+                await self._read_body(request)
             return await handler(request)
         except ApiError as exc:
-            return error_response(exc.status, exc.code, exc.message, **exc.extra)
+            resp = error_response(exc.status, exc.code, exc.message, **exc.extra)
+            if exc.status in (408, 413):
+                resp.force_close()
+            return resp
         except web.HTTPRequestEntityTooLarge:
-            return error_response(413, "MessageSizeExceeded",
+            resp = error_response(413, "MessageSizeExceeded",
                                   "the request body is over the limit")
+            resp.force_close()
+            return resp
         except web.HTTPException as exc:
             if exc.status == 404:
                 return error_response(404, "NotFound", f"no route {request.path}")
@@ -272,6 +282,23 @@ class Api:
             if session is not None:
                 session.active -= 1
                 session.last_seen = self.service.leases.clock()
+
+    async def _read_body(self, request):
+        """Refuse a body over the limit before reading it (413, connection closed, so
+        its unread bytes are never parsed as a request), and read the body under the
+        client timeout: a client that stalls in the middle of its body is answered 408
+        and disconnected rather than holding the request open."""
+        limit = self.client_max_size
+        if request.method == "POST" and request.path.endswith("/messages"):
+            limit = self.max_body               # a put's body is the message
+        if (request.content_length or 0) > limit:
+            raise ApiError(413, "MessageSizeExceeded",
+                           f"the request body is over the limit ({limit} bytes)")
+        try:
+            await asyncio.wait_for(request.read(), self.client_timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(408, "RequestTimeout",
+                           f"no complete body within {self.client_timeout:g} s") from None
 
     async def on_startup(self, app):
         self.loop = asyncio.get_running_loop()
@@ -569,7 +596,7 @@ async def _receipts(request):
     """Receipt handles from ?receipt=... (repeatable, comma-separated) or a JSON body
     {"receipts": [...]}."""
     receipts = [r for v in request.query.getall("receipt", []) for r in v.split(",") if r]
-    if request.can_read_body:
+    if request.body_exists:                 # read (and cached) by Api._read_body
         data = await request.read()
         if data.strip():
             try:
@@ -588,12 +615,12 @@ async def _receipts(request):
     return receipts
 
 
-def make_app(service, *, pool_size=64, max_body=1 << 20, sasquatch=None, auth=None):
+def make_app(service, *, pool_size=64, max_body=1 << 20, client_timeout=60.0,
+             sasquatch=None, auth=None):
     """The aiohttp application serving service's native API, Sasquatch's API (sasquatch:
     its settings), the stats page and metrics (auth: an auth.Auth, or None)."""
-    api = Api(service, pool_size=pool_size, max_body=max_body)
-    app = web.Application(middlewares=[api.errors],
-                          client_max_size=max(max_body, 16 << 20) + 65536)
+    api = Api(service, pool_size=pool_size, max_body=max_body, client_timeout=client_timeout)
+    app = web.Application(middlewares=[api.errors], client_max_size=api.client_max_size)
     app["api"] = api
     app.on_startup.append(api.on_startup)
     app.on_shutdown.append(api.on_shutdown)

@@ -35,7 +35,7 @@ _PUT_PARAMS = [
     _q("priority", {"type": "integer", "minimum": 0, "maximum": 1000, "default": 100},
        "higher first; FIFO within a level"),
     _q("delay", {"type": "number", "minimum": 0}, "seconds before it becomes visible"),
-    _q("retention", {"type": "number", "exclusiveMinimum": 0, "maximum": 1209600},
+    _q("retention", {"type": "number", "minimum": 0.001, "maximum": 1209600},
        "seconds until it expires unprocessed (default: 4 days)"),
     _q("dedup_id", {"type": "string", "minLength": 1, "maxLength": 128},
        "a second put with it within the dedup window (300 s) gets 409"),
@@ -198,8 +198,8 @@ def document():
                     "code": {"type": "string", "enum": [
                         "InvalidRequest", "ValidationError", "NotFound", "MethodNotAllowed",
                         "DuplicateMessage", "StaleReceipt", "UnknownReceipt",
-                        "MessageSizeExceeded", "InternalError", "QueueFull",
-                        "QueueKindMismatch"]},
+                        "MessageSizeExceeded", "RequestTimeout", "InternalError",
+                        "QueueFull", "QueueKindMismatch"]},
                     "message": {"type": "string"}}}}},
             "Counts": {"type": "object", "properties": {
                 "ready": {"type": "integer"}, "in_flight": {"type": "integer"},

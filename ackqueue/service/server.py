@@ -15,6 +15,7 @@ __all__ = ["serve", "DEFAULT_PORT"]
 log = logging.getLogger("ackqueue.service")
 
 DEFAULT_PORT = 8080
+LINGER = 2.0
 
 
 def _use_uvloop(choice):
@@ -32,11 +33,18 @@ def _use_uvloop(choice):
 
 
 async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
-                 shutdown_timeout, sasquatch=None, ssl_context=None, auth=None):
-    app = make_app(service, pool_size=pool_size, max_body=max_body, sasquatch=sasquatch,
-                   auth=auth)
+                 shutdown_timeout, client_timeout=60.0, sasquatch=None, ssl_context=None,
+                 auth=None):
+    app = make_app(service, pool_size=pool_size, max_body=max_body,
+                   client_timeout=client_timeout, sasquatch=sasquatch, auth=auth)
+    # keepalive_timeout: a connection that sends no complete request for this long (idle,
+    # or stalled in its headers) is closed; a stalled body: Api._read_body.  After a 413
+    # or 408 (Connection: close) the rest of an unread body is read and dropped for at
+    # most LINGER seconds, so that the client reads the answer rather than a reset.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=shutdown_timeout)
+                           shutdown_timeout=shutdown_timeout,
+                           keepalive_timeout=client_timeout,
+                           lingering_time=min(LINGER, client_timeout))
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -63,8 +71,8 @@ async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
 
 def serve(path=None, host="127.0.0.1", port=DEFAULT_PORT, *, socket_path=None,
           durability="fsync", lease_timeout=30.0, pool_size=64, max_body=1 << 20,
-          loop="asyncio", shutdown_timeout=10.0, out=sys.stdout, sasquatch=None,
-          ssl_context=None, auth=None):
+          loop="asyncio", shutdown_timeout=10.0, client_timeout=60.0, out=sys.stdout,
+          sasquatch=None, ssl_context=None, auth=None):
     """Serve the queues of the file path (memory when None) until SIGTERM or SIGINT."""
     if path is not None:
         path = os.path.realpath(path)
@@ -79,7 +87,8 @@ def serve(path=None, host="127.0.0.1", port=DEFAULT_PORT, *, socket_path=None,
             runner = asyncio.run
         runner(_serve(service, host, port, socket_path, out, pool_size=pool_size,
                       max_body=max_body, shutdown_timeout=shutdown_timeout,
-                      sasquatch=sasquatch, ssl_context=ssl_context, auth=auth))
+                      client_timeout=client_timeout, sasquatch=sasquatch,
+                      ssl_context=ssl_context, auth=auth))
     finally:
         if not service.closed:
             service.close()

@@ -11,7 +11,8 @@ To add a contender (a queue service over HTTP, a remote drop-in, ...):
 
 Everything else (the command line's --contender ids, the tables, the chart) follows.
 """
-from benchmarks.contenders import ackqueue, lean, litequeue, persist_queue, stdlib, zeo
+from benchmarks.contenders import (ackqueue, lean, litequeue, persist_queue, service,
+                                   stdlib, zeo)
 from benchmarks.contenders.base import Adapter, Contender, SharedContender  # noqa: F401
 
 
@@ -35,6 +36,7 @@ def _shared():
         zeo.SHARED,
         *persist_queue.shared_contenders(),
         *litequeue.shared_contenders(),
+        service.SHARED,           # the queue service: its own scenario only
     ]
 
 

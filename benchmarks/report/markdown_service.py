@@ -1,0 +1,118 @@
+"""results.md's section of (service): the four parts, issue 22's targets and the floors."""
+from benchmarks.common import REFERENCE
+from benchmarks.report.text import fmt
+
+ZEO = "ackqueue (zeo)"
+SERVICE = "ackqueue (service)"
+FLOOR_LABELS = {"protocol": "bare asyncio.Protocol server",
+                "aiohttp": "bare aiohttp app (GET → small body)",
+                "service": "ackqueue serve, GET /health (the whole app, no store)"}
+
+
+def _m(entry, metric):
+    return (entry or {}).get("median", {}).get(metric)
+
+
+def _spread(entry, metric, scale=1.0):
+    s = (entry or {}).get("spread", {}).get(metric)
+    return f"{fmt(s[0] * scale)}–{fmt(s[1] * scale)}" if s else "—"
+
+
+def _pct(v):
+    return "—" if v is None else f"{v * 100:.1f}%"
+
+
+def _runs(entry):
+    return len((entry or {}).get("runs", []))
+
+
+def _integrity(entry):
+    bad = [r for r in (entry or {}).get("runs", []) if r.get("error")
+           or r.get("duplicates") or r.get("not_delivered")]
+    if not bad:
+        return "all delivered once"
+    return "; ".join(str(r.get("error") or f"dup {r.get('duplicates')} missing "
+                         f"{r.get('not_delivered')}") for r in bad)
+
+
+def _process_table(results, ref, zeo):
+    lines = ["| contender | N | items/s | spread | ×zeo | ×pq | p50 ms put→receive | "
+             "p99 ms | server CPU (cores) | runs | delivery |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for label, e in results.items():
+        tp = _m(e, "throughput")
+        n = e["runs"][0].get("count") if e.get("runs") else None
+        vs = lambda other: fmt(tp / other) if tp and other else "—"  # noqa: E731
+        cpu = _m(e, "server_cpu")
+        lines.append(f"| {label} | {fmt(n)} | {fmt(tp)} | {_spread(e, 'throughput')} | "
+                     f"{vs(zeo)} | {vs(ref)} | {fmt(_m(e, 'p50_ms'))} | "
+                     f"{fmt(_m(e, 'p99_ms'))} | {fmt(cpu) if cpu is not None else '—'} | "
+                     f"{_runs(e)} | {_integrity(e)} |")
+    return lines + [""]
+
+
+def markdown_service(sc, report=None):
+    parts, c = sc["parts"], sc["counts"]
+    one, batch, polls, floor = (parts.get(k, {}) for k in ("one", "batch", "polls", "floor"))
+    zeo, ref = _m(one.get(ZEO), "throughput"), _m(one.get(REFERENCE), "throughput")
+    svc = _m(one.get(SERVICE), "throughput")
+    lines = [sc["description"], ""]
+    lines += ["### 2 producer + 2 consumer processes, one message at a time", ""]
+    lines += _process_table(one, ref, zeo)
+    lines += ["### The same through the service in batches of 10", "",
+              "Batch put of 10 frames (one commit), receive max=10 in frames, the 10 "
+              "acks riding on the next receive.", ""]
+    lines += _process_table(batch, None, None)
+    lines += [f"### {c['polls']} idle long polls, a sender putting 1 message/s for "
+              f"{c['poll_seconds']} s", "",
+              "| server CPU (share of one core) | spread | messages that reached a poll | "
+              "p50 ms put→poll | p99 ms | server threads | runs |",
+              "|---:|---|---|---:|---:|---:|---:|"]
+    for label, e in polls.items():
+        runs = e.get("runs", [])
+        reached = ", ".join(f"{r.get('reached')}/{len(r.get('sent', []))}" for r in runs)
+        threads = ", ".join(str(r.get("threads_after")) for r in runs)
+        lines.append(f"| {_pct(_m(e, 'server_cpu'))} | "
+                     f"{_spread(e, 'server_cpu', 100)} % | {reached} | "
+                     f"{fmt(_m(e, 'p50_ms'))} | {fmt(_m(e, 'p99_ms'))} | {threads} | "
+                     f"{len(runs)} |")
+    lines += ["", "### The request floor of the stack (no storage work)", "",
+              f"{4} client processes, each one keep-alive http.client connection sending "
+              f"sequential GETs for {c['floor_seconds']} s.", "",
+              "| server | requests/s | spread | server CPU (cores) | runs |",
+              "|---|---:|---|---:|---:|"]
+    for kind, e in floor.items():
+        lines.append(f"| {FLOOR_LABELS.get(kind, kind)} | {fmt(_m(e, 'rps'))} | "
+                     f"{_spread(e, 'rps')} | {fmt(_m(e, 'server_cpu'))} | {_runs(e)} |")
+    f_app, f_bare = _m(floor.get("service"), "rps"), _m(floor.get("aiohttp"), "rps")
+    f_proto = _m(floor.get("protocol"), "rps")
+    b = _m(batch.get(SERVICE), "throughput")
+    pcpu = _m(polls.get(SERVICE), "server_cpu")
+    says = {True: "yes", False: "**no**", None: "—"}
+
+    def met(v, need, higher=True):
+        if v is None or need is None:
+            return None
+        return v >= need if higher else v < need
+
+    def bound(rps, per):
+        return f"{fmt(rps * per)}" if rps else "—"
+    lines += ["", "### Issue 22's targets (fsync'd commits), and the floor under each", "",
+              "The floor bound is what the request rate alone allows, with no storage "
+              "work: one message at a time costs 2 requests per message (a put, and a "
+              "receive carrying the previous ack), a batch of 10 costs 2 requests per 10 "
+              "messages.  It is given for the service's own app (GET /health through "
+              "the middleware), a bare aiohttp app, and a bare asyncio.Protocol server.",
+              "",
+              "| target | needed | measured | met | bound: service app | bare aiohttp | "
+              "bare asyncio |", "|---|---:|---:|---|---:|---:|---:|"]
+    rows = [("one at a time, ≥10× ackqueue (zeo)", zeo and 10 * zeo, svc, True, 0.5),
+            ("one at a time, ≥2× persist-queue", ref and 2 * ref, svc, True, 0.5),
+            ("batches of 10, full cycle", 10000, b, True, 5)]
+    for name, need, v, hi, per in rows:
+        lines.append(f"| {name} (items/s) | {fmt(need)} | {fmt(v)} | "
+                     f"{says[met(v, need, hi)]} | {bound(f_app, per)} | "
+                     f"{bound(f_bare, per)} | {bound(f_proto, per)} |")
+    lines.append(f"| {c['polls']} idle long polls (share of a core) | < 5% | {_pct(pcpu)} | "
+                 f"{says[met(pcpu, 0.05, False)]} | — | — | — |")
+    return lines + [""]
