@@ -207,7 +207,7 @@ async def _queues(request, where):
         return [(request.query.get("queue_name") or "*", None)]
     if where in ("body", "batch"):
         try:
-            doc = json.loads(await request.read()) if request.can_read_body else None
+            doc = json.loads(await request.read()) if request.body_exists else None
         except (ValueError, UnicodeDecodeError):
             doc = None
         if where == "body":

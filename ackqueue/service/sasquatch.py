@@ -123,16 +123,10 @@ async def _read(request, limit):
     """The request body, at most limit bytes (413, the connection closed, past it)."""
     if request.content_length is not None and request.content_length > limit:
         raise _TooLarge(limit)
-    chunks, size = [], 0
-    while True:
-        chunk = await request.content.readany()
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    data = await request.read()     # read once, under the service's size and time limits
+    if len(data) > limit:
+        raise _TooLarge(limit)
+    return data
 
 
 class _TooLarge(Exception):
