@@ -6,7 +6,7 @@ __all__ = [
     "AckQueueError", "ShutDown", "StaleAck", "NotHeld", "UnpicklableItem",
     "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch", "ServerUnavailable",
     "Refused", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "CodecMismatch",
-    "ForbiddenClass",
+    "ForbiddenClass", "NotSupported",
 ]
 
 
@@ -108,3 +108,10 @@ class CodecMismatch(QueueKindMismatch):
 class ServerUnavailable(StorageError):
     """The queue server could not be reached, or the connection to it was lost while an
     operation was being committed (its outcome may then be unknown: see the message)."""
+
+
+class NotSupported(AckQueueError, NotImplementedError):
+    """An operation a queue reached through the queue service (AckQueue(path="http://..."))
+    cannot do: the message names the alternative (put_many/ack_many batches instead of a
+    transaction block, priority= levels instead of a priority-by-value queue, ZEO for a
+    queue inside an application's own ZODB)."""
