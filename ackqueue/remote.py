@@ -282,14 +282,38 @@ class RemoteDatabase:
         self._https = weakref.WeakSet()
         self._https_lock = threading.Lock()
         self.lease_timeout = None
+        self._pid = os.getpid()
         self._renew()                           # reachable now, or ServerUnavailable
-        self._key = (os.getpid(), self.target.netloc)
+        self._start()
+
+    def _start(self):
+        self._pid = os.getpid()
+        self._key = (self._pid, self.target.netloc)
         with _open_lock:
             _open_count[self._key] = _open_count.get(self._key, 0) + 1
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"ackqueue-remote {self.target.url}")
         self._thread.start()
+
+    def _after_fork(self):
+        """A forked child (multiprocessing's fork) using a queue its parent opened: its
+        own client id, lease, connections and background thread; the parent's deliveries
+        stay the parent's."""
+        with _open_lock:
+            if self._pid == os.getpid():
+                return
+            self._local = threading.local()
+            self._https = weakref.WeakSet()
+            self._https_lock = threading.Lock()
+            self.client = client_id()
+            if self.state_ is not None:
+                for conn in list(self.state_.conns):
+                    conn._holdings.clear()
+                    conn._by_item.clear()
+                    conn._pending = []
+            self._pid = os.getpid()
+        self._start()
 
     # -- what the front asks of a database ---------------------------------------------
 
@@ -323,6 +347,8 @@ class RemoteDatabase:
         return self.state_
 
     def http(self):
+        if self._pid != os.getpid():
+            self._after_fork()
         h = getattr(self._local, "http", None)
         if h is None:
             h = self._local.http = _Http(self.target)
@@ -757,6 +783,8 @@ class RemoteConnection:
                 state.polls[threading.get_ident()] = h
             try:
                 if front.is_shutdown and wait:     # a shutdown came in meanwhile
+                    if acks:
+                        self._ack_now(acks)
                     continue
                 status, doc, _ = self._db.call("POST", url, headers={"Accept": FRAMES},
                                                read_timeout=wait + self._db.target.wait_timeout)

@@ -488,3 +488,32 @@ def test_clear_errors_for_what_the_service_cannot_do(q, shared):
     a.put(pickle.dumps(1))
     assert pickle.loads(a.get(timeout=10)) == 1
     a.task_done()
+
+
+def _forked_worker(a, jobs):
+    item = jobs.get(timeout=20)
+    jobs.task_done()
+    a.put(("done", item))     # on a's connection, which the parent is using meanwhile
+    a.close()
+    jobs.close()
+
+
+def test_a_forked_child_uses_its_parents_queue_objects(q):
+    import multiprocessing
+    a, jobs = q(), q()
+    a.put("warm")                              # the parent's connection to a is open
+    assert a.get(timeout=10) == "warm"
+    a.task_done()
+    jobs.put("job")
+    p = multiprocessing.get_context("fork").Process(target=_forked_worker, args=(a, jobs))
+    p.start()
+    try:
+        assert a.get(timeout=30) == ("done", "job")   # a long poll while the child works
+        a.task_done()
+    finally:
+        p.join(60)
+    assert p.exitcode == 0
+    assert a.counts() == jobs.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+    a.put("parent still works")
+    assert a.get(timeout=10) == "parent still works"
+    a.task_done()
