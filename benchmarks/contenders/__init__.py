@@ -12,6 +12,7 @@ To add a contender (a queue service over HTTP, a remote drop-in, ...):
 Everything else (the command line's --contender ids, the tables, the chart) follows.
 """
 from benchmarks.contenders import ackqueue, lean, litequeue, persist_queue, stdlib, zeo
+from benchmarks.contenders import ackqueue_remote
 from benchmarks.contenders.base import Adapter, Contender, SharedContender  # noqa: F401
 
 
@@ -32,6 +33,8 @@ def _contenders():
 def _shared():
     """Every way several processes share a queue, for (e) across processes and (g)."""
     return [
+        ackqueue_remote.SHARED,
+        ackqueue_remote.SHARED_ACK_WITH_GET,
         zeo.SHARED,
         *persist_queue.shared_contenders(),
         *litequeue.shared_contenders(),
