@@ -891,7 +891,10 @@ class RemoteConnection:
     def ack_holding(self, h):
         self._state.acknowledging = True
         if h.receipt not in h.holder._holdings:
-            raise NotHeld(f"{h.item!r} was acknowledged or given back already")
+            if h.released is not None:
+                raise StaleAck(f"{h.item!r} was given back before this ack "
+                               f"({h.released}); it may be held by someone else now")
+            raise NotHeld(f"{h.item!r} was acknowledged already")
         if (self._db.ack_with_next_get and h.holder is self and self._thread is not None
                 and not self.closed):
             # Deferred: durable with this thread's next receive, a flush within 50 ms,
@@ -958,6 +961,7 @@ class RemoteConnection:
         try:
             self._nack_receipts([h.receipt], delay)
         finally:
+            h.released = "given back with nack()"
             h.holder._forget(h)
 
     def _nack_receipts(self, receipts, delay=0):
@@ -982,6 +986,7 @@ class RemoteConnection:
             h.holder._forget(h)
             raise
         if seconds <= 0:
+            h.released = "given back by change_visibility()"
             h.holder._forget(h)
 
     def give_back_all(self, why):
@@ -994,6 +999,7 @@ class RemoteConnection:
                     self._nack_receipts([h.receipt])
                 except StaleAck:
                     pass
+                h.released = why
                 self._forget(h)
 
     # -- what the service cannot do ---------------------------------------------------------

@@ -517,3 +517,27 @@ def test_a_forked_child_uses_its_parents_queue_objects(q):
     a.put("parent still works")
     assert a.get(timeout=10) == "parent still works"
     a.task_done()
+
+
+def test_delay_dedup_purge_and_change_visibility(q):
+    a = q()
+    a.put("later", delay=0.5)
+    assert a.counts()["delayed"] == 1
+    with pytest.raises(queue.Empty):
+        a.get_nowait()
+    assert a.get(timeout=15) == "later"            # the long poll waits for its time
+    a.task_done()
+    a.put("one", dedup_id="k1")
+    with pytest.raises(ackqueue.DuplicateMessage):
+        a.put("one again", dedup_id="k1")
+    m = a.get_message(timeout=10)
+    a.change_visibility(m, 0)                      # given back now
+    m2 = a.get_message(timeout=10)
+    assert m2.body == "one" and m2.receive_count == 2
+    with pytest.raises(StaleAck):
+        a.ack(m)
+    a.put_many(["x", "y"])
+    assert a.purge() == 3
+    with pytest.raises(StaleAck):
+        a.ack(m2)                                  # purged while held
+    assert a.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
