@@ -198,6 +198,12 @@ class _Http:
                     self.interrupted = False
                     raise _Interrupted() from exc
                 why = repr(exc)
+            except BaseException:
+                # KeyboardInterrupt or the like mid-request: drop the connection now, so
+                # the service sees its client gone (a long poll that finds a message then
+                # gives it back) and no late answer is read as the next request's.
+                self.close()
+                raise
             if not retry or time.monotonic() + pause > deadline:
                 raise ServerUnavailable(
                     f"the queue service at {t.url} could not be reached within "

@@ -358,31 +358,38 @@ def test_a_put_cut_off_is_retried_and_stored_once(own_service):
 def test_the_service_killed_and_restarted(own_service):
     s = own_service()
     a = AckQueue(path=s.url, name="jobs")
+    finish = threading.Event()
     try:
         a.put("before")
         m = a.get_message(timeout=10)
-        waiting = []
-        t = threading.Thread(target=lambda: waiting.append(a.get(timeout=60)))
+        waiting, got_it = [], threading.Event()
+
+        def wait_for_one():
+            waiting.append(a.get(timeout=60))
+            got_it.set()
+            finish.wait(60)       # alive while the test acks: an ended thread gives back
+        t = threading.Thread(target=wait_for_one)
         t.start()
         time.sleep(0.3)
         s.kill()                          # a long poll in progress, a delivery held
         putter = threading.Thread(target=lambda: a.put("during"))
         putter.start()                    # waits for the service (up to 30 s)
         time.sleep(0.5)
-        assert putter.is_alive()
+        assert putter.is_alive(), "a put returned while the service was down"
         s.start()                         # same port
         putter.join(40)
-        assert not putter.is_alive()
-        t.join(40)
+        assert not putter.is_alive(), "the put did not finish after the restart"
+        assert got_it.wait(40), "the waiting get did not return after the restart"
         # The held delivery came back on restart (given back with the dead service), so
         # the waiting get may have it; its old receipt is stale either way.
         with pytest.raises(StaleAck):
             a.ack(m)
         rest = sorted(waiting + [a.get(timeout=10)])
-        assert rest == ["before", "during"]
+        assert rest == ["before", "during"], (waiting, rest, a.counts())
         a.ack_many(rest)
         assert a.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
     finally:
+        finish.set()
         a.close()
 
 
