@@ -168,18 +168,25 @@ def test_get_timeouts_and_nowait(q):
 
 def test_blocking_get_is_woken_by_a_put_from_another_process(q, shared):
     a = q()
-    got = []
-    t = threading.Thread(target=lambda: got.append(a.get(timeout=30)))
+    got, finish = [], threading.Event()
+
+    def wait_for_one():
+        got.append(a.get(timeout=30))
+        a.task_done()
+        finish.wait(30)
+    t = threading.Thread(target=wait_for_one)
     t.start()
     try:
         time.sleep(0.3)
         assert not got                               # nothing to get yet: it waits
         p = child("q.put({'from': 'child'}); q.close()", shared.url, a.name)
         assert p.wait(30) == 0
+        until(lambda: got)
     finally:
+        finish.set()
         t.join(40)
     assert got == [{"from": "child"}]
-    a.task_done()
+    assert a.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
 
 
 def test_task_done_and_join(q):
