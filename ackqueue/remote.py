@@ -929,9 +929,9 @@ class RemoteConnection:
             "POST", self._path("/ack"), json.dumps({"receipts": receipts}).encode(),
             {"Content-Type": "application/json"})
         if status in (409, 410) and attempt:
-            raise StaleAck(f"the ack's first request was cut off and the service no longer "
-                           f"knows the delivery: it was either acknowledged by that request "
-                           f"or given back (then it is delivered again)")
+            raise StaleAck("the ack's first request was cut off and the service no longer "
+                           "knows the delivery: it was either acknowledged by that request "
+                           "or given back (then it is delivered again)")
         _raise_for(status, doc)
 
     def _ack_now(self, receipts):

@@ -1,7 +1,6 @@
 """The queue service (``ackqueue serve``) as a real child process, for the remote drop-in's
 tests: started on a free loopback port (--port 0, read back from the line it prints), and
 restarted on that same port, so a client's URL stays valid across a restart."""
-import os
 import re
 import select
 import signal

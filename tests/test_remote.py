@@ -3,7 +3,6 @@ service (the ``ackqueue serve`` console script in a child process).  Crashes are
 signals; a cut-off request is a real TCP connection closed by a forwarding proxy.  Waits
 are bounded failure limits, never synchronization, and nothing asserts a duration."""
 import itertools
-import os
 import pickle
 import queue
 import signal

@@ -9,7 +9,6 @@ writes "got" after its get() returned and "acked" after its ack() returned (dura
 "got X" after an "acked X" would be an acknowledged item delivered again.  No visibility
 timeout is set: a live consumer never loses what it holds, so only a dead one's items (its
 lease, 1 s) or the service's restart give items back."""
-import os
 import random
 import signal
 import subprocess
