@@ -27,6 +27,7 @@ def _contenders():
         ackqueue.MEMORY,
         ackqueue.OS,              # measured once AckQueue has durability= (issue 5)
         zeo.CONTENDER,
+        ackqueue_remote.CONTENDER,
     ]
 
 

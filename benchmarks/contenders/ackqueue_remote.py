@@ -9,7 +9,7 @@ import subprocess
 
 from benchmarks.common import REPO, SHARED_QUEUE_NAME
 from benchmarks.contenders.ackqueue import AckQueueAdapter
-from benchmarks.contenders.base import SharedContender
+from benchmarks.contenders.base import Contender, SharedContender
 from benchmarks.contenders.zeo import ackqueue_command
 
 START_TIMEOUT = 60             # failure bounds only
@@ -84,3 +84,32 @@ SHARED_ACK_WITH_GET = SharedContender(
     "returns) or within 50 ms",
     start_service,
     lambda location, mode: AckQueueAdapter(None, url=location, ack_with_next_get=True))
+
+
+class RemoteAckQueueAdapter(AckQueueAdapter):
+    """(a)-(d) in one process: starts `ackqueue serve` on a fresh file in the run's
+    directory, opens AckQueue(path="http://127.0.0.1:PORT", name=...), and stops the
+    service (SIGTERM) after closing the queue.  The service's start is not timed."""
+
+    def __init__(self, directory, **options):
+        self.service = Service(directory)
+        self.server_report = None
+        try:
+            super().__init__(directory, url=self.service.url, **options)
+        except BaseException:
+            self.server_report = self.service.stop()
+            raise
+
+    def close(self):
+        try:
+            super().close()
+        finally:
+            self.server_report = self.service.stop()
+
+
+CONTENDER = Contender(
+    "ackqueue-remote", "ackqueue (remote)", RemoteAckQueueAdapter,
+    "the queue service: one `ackqueue serve` (ZODB FileStorage, every commit fsync'd, "
+    "group-committed across requests) on loopback, started per run on a fresh file; the "
+    "client opens AckQueue(path='http://127.0.0.1:PORT'); put and ack return once the "
+    "service has committed", family="ackqueue", counts={"n": 500, "batch_n": 1000})
