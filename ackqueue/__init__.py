@@ -2,7 +2,8 @@
 
     from ackqueue import AckQueue
     q = AckQueue(path="jobs.fs")      # was: q = queue.Queue()
-    q = AckQueue(path="zeo://127.0.0.1:8100")   # shared: ackqueue server jobs.fs
+    q = AckQueue(path="http://127.0.0.1:8080", name="jobs")   # shared: ackqueue serve jobs.fs
+    q = AckQueue(path="zeo://127.0.0.1:8100")   # inside ZODB: ackqueue server jobs.fs
 
 Items survive crashes and restarts; get() hands an item out in flight and it leaves the
 queue only when acknowledged (ack() or task_done()); otherwise it comes back.
@@ -12,7 +13,7 @@ from queue import Empty, Full
 from .browse import BrowsedMessage
 from .connection import QueueConnection
 from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ForbiddenClass,
-                     ItemTooLarge, NotAQueueFile, NotHeld, QueueFileGone,
+                     ItemTooLarge, NotAQueueFile, NotHeld, NotSupported, QueueFileGone,
                      QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
                      StorageError, UnpicklableItem, UnsupportedFormat)
 from .message import Message, MessageId
@@ -25,5 +26,5 @@ __all__ = [
     "MessageId", "Empty", "Full", "ShutDown", "AckQueueError", "StaleAck", "NotHeld",
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
     "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "queues",
-    "BrowsedMessage", "CodecMismatch", "ForbiddenClass", "QueueFileGone",
+    "BrowsedMessage", "CodecMismatch", "ForbiddenClass", "QueueFileGone", "NotSupported",
 ]

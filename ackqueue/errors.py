@@ -6,7 +6,7 @@ __all__ = [
     "AckQueueError", "ShutDown", "StaleAck", "NotHeld", "UnpicklableItem",
     "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch", "ServerUnavailable",
     "Refused", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "CodecMismatch",
-    "ForbiddenClass", "QueueFileGone",
+    "ForbiddenClass", "QueueFileGone", "NotSupported",
 ]
 
 
@@ -114,3 +114,10 @@ class QueueFileGone(StorageError):
     """The queue file was deleted, or replaced by another file, while this process had it
     open: writing on would write to a file nobody will open again, so every further
     commit is refused (what was committed before is in the open file only)."""
+
+
+class NotSupported(AckQueueError, NotImplementedError):
+    """An operation a queue reached through the queue service (AckQueue(path="http://..."))
+    cannot do: the message names the alternative (put_many/ack_many batches instead of a
+    transaction block, priority= levels instead of a priority-by-value queue, ZEO for a
+    queue inside an application's own ZODB)."""

@@ -27,7 +27,7 @@ import weakref
 
 import transaction
 
-from . import store
+from . import remote, store
 from .connection import QueueConnection, check_visibility
 from .codec import allowed_set, check_codec
 from .errors import CodecMismatch, NotHeld, QueueKindMismatch
@@ -193,12 +193,13 @@ class AckQueue(_stdlib_queue.Queue):
     """
 
     _kind = store.FIFO
+    _proxy = QueueConnection      # the per-thread proxy (remote.RemoteConnection over http)
 
     def __init__(self, maxsize=0, *, path=None, db=None, name="default",
                  visibility_timeout=None, clock=None, thread_exit="auto", durability=None,
                  lifo=False, max_receives=None, dead_letter=None, retention=None,
                  dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None,
-                 repair=False, codec=None, allowed_classes=None):
+                 repair=False, codec=None, allowed_classes=None, ack_with_next_get=False):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -228,7 +229,9 @@ class AckQueue(_stdlib_queue.Queue):
         self._local = threading.local()
         self._connections = weakref.WeakSet()
         self._clock = clock = clock or time.time
-        self._database = open_database(path, db, durability, repair)
+        self.ack_with_next_get = remote.check_ack_with_next_get(ack_with_next_get, path)
+        self._database = (remote.RemoteDatabase(self, path, db, durability, repair)
+                          if remote.is_url(path) else open_database(path, db, durability, repair))
         try:
             self._state = self._database.state(name, kind, clock, codec,
                                                self.allowed_classes)
@@ -277,7 +280,7 @@ class AckQueue(_stdlib_queue.Queue):
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed:
             self._check_open()
-            conn = self._local.conn = QueueConnection(self, self._state)
+            conn = self._local.conn = self._proxy(self, self._state)
             self._connections.add(conn)
         return conn
 
@@ -290,7 +293,7 @@ class AckQueue(_stdlib_queue.Queue):
         if thread_bound not in (False, True):
             raise TypeError("thread_bound must be True or False")
         self._state.acknowledging = True
-        conn = QueueConnection(self, self._state, thread_bound)
+        conn = self._proxy(self, self._state, thread_bound)
         self._connections.add(conn)
         return conn
 

@@ -13,6 +13,7 @@ Everything else (the command line's --contender ids, the tables, the chart) foll
 """
 from benchmarks.contenders import (ackqueue, lean, litequeue, persist_queue, service,
                                    stdlib, zeo)
+from benchmarks.contenders import ackqueue_remote
 from benchmarks.contenders.base import Adapter, Contender, SharedContender  # noqa: F401
 
 
@@ -27,12 +28,15 @@ def _contenders():
         ackqueue.MEMORY,
         ackqueue.OS,              # measured once AckQueue has durability= (issue 5)
         zeo.CONTENDER,
+        ackqueue_remote.CONTENDER,
     ]
 
 
 def _shared():
     """Every way several processes share a queue, for (e) across processes and (g)."""
     return [
+        ackqueue_remote.SHARED,
+        ackqueue_remote.SHARED_ACK_WITH_GET,
         zeo.SHARED,
         *persist_queue.shared_contenders(),
         *litequeue.shared_contenders(),
