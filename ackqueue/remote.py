@@ -376,6 +376,12 @@ class RemoteDatabase:
                 pass
         return status, data, attempt
 
+    def list_queues(self):
+        """{name: {"ready", "in_flight", "delayed"}} of every queue the service has."""
+        status, doc, _ = self.call("GET", "/v1/queues")
+        _raise_for(status, doc)
+        return doc["queues"]
+
     def queue_path(self, name, what=""):
         return f"/v1/queues/{name}{what}"
 
@@ -522,8 +528,26 @@ class RemoteState:
     remove_listener = add_listener
 
     def browse(self, allowed=None):
-        raise _unsupported("browse()", "GET /v1/queues/NAME/browse on the service pages "
-                           "the queue (bodies base64, with their encoding)")
+        """Every message, changing nothing, through the service's paged browse (GET
+        /v1/queues/NAME/browse): in id order, page by page, so not one snapshot; bodies
+        keep their encoding mark (ackqueue.codec)."""
+        from .browse import BrowsedMessage
+        from .message import MessageId
+        after = -1
+        while True:
+            status, doc, _ = self.database.call(
+                "GET", self.database.queue_path(self.name, f"/browse?after={after}&limit=1000"))
+            _raise_for(status, doc)
+            for m in doc["messages"]:
+                body = codec.mark(m.get("encoding", codec.BYTES), base64.b64decode(m["body"]))
+                yield BrowsedMessage(
+                    MessageId(m["id"]), m["state"], body, m["priority"], m["receive_count"],
+                    m["sent_at"], m["age"], self.name, m.get("attributes") or {},
+                    visible_at=m.get("visible_at"), deadline=m.get("deadline"),
+                    expires_at=m.get("expires_at"), allowed_classes=allowed)
+            if doc.get("next_after") is None:
+                return
+            after = doc["next_after"]
 
     def reap(self):
         """Give back what ended threads held (the background thread, every 0.2 s)."""

@@ -392,3 +392,31 @@ def test_export_import_of_100000_messages(tmp_path):
     assert [m["body"] for m in exported] == [f"message {i}" for i in expected]
     assert all(m["attributes"] == {"n": m["body"].split()[1]} for m in exported)
     assert as_json("ls", tmp_path / "a.fs")["jobs"]["ready"] == 100000
+
+
+def test_every_command_through_a_queue_service_url(tmp_path):
+    """TARGET may be the queue service's URL (issue 26 point 1): the commands go through
+    its native API; what needs the file itself (pack, check) says so in one line."""
+    import re
+    import signal
+    serve = subprocess.Popen([console_script(), "serve", str(tmp_path / "q.fs"), "--port", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = re.search(r"http://[0-9.]+:\d+", serve.stdout.readline()).group(0)
+        ok("put", url, "jobs", "hello", "-a", "k=v")
+        ok("put", url, "jobs", "-", input="two\nthree\n")
+        assert as_json("ls", url) == {"jobs": {"kind": "fifo", "ready": 3, "in_flight": 0,
+                                               "delayed": 0}}
+        assert as_json("stats", url, "jobs")["put"] == 3
+        assert "body: hello" in ok("peek", url, "jobs", "-n", "1").stdout
+        assert as_json("get", url, "jobs", "--ack")["body"] == "hello"
+        ok("export", url, "jobs", tmp_path / "x.jsonl")
+        ok("import", url, "copy", tmp_path / "x.jsonl")
+        assert as_json("ls", url)["copy"]["ready"] == 2
+        ok("purge", url, "copy")
+        assert "not through the queue service" in one_line_error(run("pack", url), 1)
+        assert "check reads a file" in run("check", url).stderr
+        one_line_error(run("stats", url, "nope"), 3)
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(TIMEOUT)

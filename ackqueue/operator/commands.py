@@ -14,6 +14,7 @@ from . import output
 from .output import Progress, echo_json, table
 from .targets import (EXIT_ERROR, CommandError, Target, _one_line, user_errors)
 from .transfer import BadLine, message_record, parse_line
+from ..remote import RemoteDatabase
 
 IMPORT_BATCH = 500          # messages put in one commit by import and put -/--jsonl
 
@@ -48,6 +49,17 @@ def cli():
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="print JSON (one document) for scripts")
+
+
+def _runs(batch):
+    """Consecutive (item, options) pairs with equal options, as (options, [items])."""
+    runs = []
+    for item, opts in batch:
+        if runs and runs[-1][0] == opts:
+            runs[-1][1].append(item)
+        else:
+            runs.append((opts, [item]))
+    return runs
 
 
 # -- demo and server: the commands ackqueue had before, unchanged --------------------------
@@ -383,9 +395,15 @@ def put_lines(q, stream, options, description, total=None):
 
     def flush():
         nonlocal done
-        with q.transaction():
-            for item, opts in batch:
-                q.put(item, **opts)
+        if isinstance(q._database, RemoteDatabase):
+            # Through the queue service there is no transaction block: messages with the
+            # same options go in one put_many request (all or nothing), in file order.
+            for opts, items in _runs(batch):
+                q.put_many(items, **opts)
+        else:
+            with q.transaction():
+                for item, opts in batch:
+                    q.put(item, **opts)
         done += len(batch)
         batch.clear()
 
@@ -526,6 +544,10 @@ def pack(target):
     """
     from ..maintenance import pack as pack_storage
     with Target(target) as t:
+        if t.database is None:
+            raise CommandError(f"pack works on a queue file or a zeo:// server, not through "
+                               f"the queue service at {target}: the service's process owns "
+                               "its file (stop it, then ackqueue pack FILE)")
         with Progress("packing", total=None, unit="bytes"):
             report = pack_storage(t.database)
     if report.size_before is not None and report.size_after is not None:
@@ -626,7 +648,7 @@ def check(path, as_json):
     """
     import os
     from .check import check_file
-    if path.startswith("zeo://"):
+    if path.startswith(("zeo://", "http://", "https://")):
         raise click.UsageError("check reads a file: run it where the server's file is")
     if os.path.isdir(path):
         raise CommandError(f"{path!r} is a directory, not a queue file")

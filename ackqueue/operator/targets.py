@@ -1,5 +1,5 @@
-"""Opening a TARGET (a queue file or a zeo:// URL) for a command, and the errors and exit
-codes the commands share."""
+"""Opening a TARGET (a queue file, a zeo:// URL or a queue service's http(s):// URL) for a
+command, and the errors and exit codes the commands share."""
 import functools
 import logging
 import os
@@ -52,12 +52,22 @@ def is_server(where):
     return where.startswith("zeo://")
 
 
+def is_service(where):
+    return where.startswith(("http://", "https://"))
+
+
 class Target:
     """An open TARGET: ``with Target(where) as t: t.queue("jobs")``.  A file that does
     not exist is an error unless create=True (put and import create it)."""
 
     def __init__(self, where, *, create=False):
         self.where = where
+        self._queues = []
+        if is_service(where):
+            # Through the queue service: its native API (ackqueue.remote); queues are
+            # FIFO there, and what needs the store itself (pack, redrive) says so.
+            self.database = None
+            return
         if is_server(where):
             # ZEO's client logs its reconnection attempts; the command says it in one line.
             logging.getLogger("ZEO").setLevel(logging.CRITICAL)
@@ -67,7 +77,6 @@ class Target:
             if not create and not os.path.exists(where):
                 raise CommandError(f"no queue file at {where!r}")
         self.database = open_database(where)
-        self._queues = []
 
     def __enter__(self):
         return self
@@ -87,6 +96,8 @@ class Target:
     def catalog(self):
         """{name: {"kind": kind, "ready", "in_flight", "delayed", and the lifetime totals}}
         for every queue of the store, read from a fresh snapshot (changes nothing)."""
+        if self.database is None:
+            return self._service_catalog()
         tm = transaction.TransactionManager()
         conn = self.database.db.open(transaction_manager=tm)
         try:
@@ -101,6 +112,23 @@ class Target:
             return result
         finally:
             conn.close()
+
+    def _service_catalog(self):
+        """The catalog as the queue service reports it (GET /v1/queues, then each queue's
+        counts and totals)."""
+        probe = AckQueue(path=self.where, name="default")   # a handle, not a queue: no put
+        try:
+            names = probe._database.list_queues()
+            result = {}
+            for name in names:
+                q = AckQueue(path=self.where, name=name)
+                try:
+                    result[name] = {"kind": store.FIFO, **q.stats()}
+                finally:
+                    q.close()
+            return result
+        finally:
+            probe.close()
 
     def queue(self, name, *, must_exist=True):
         """The queue called name, opened with its own class (FIFO, LIFO or priority).  A
