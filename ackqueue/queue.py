@@ -233,21 +233,7 @@ class AckQueue(_stdlib_queue.Queue):
         self._database = (remote.RemoteDatabase(self, path, db, durability, repair)
                           if remote.is_url(path) else open_database(path, db, durability, repair))
         try:
-            self._state = self._database.state(name, kind, clock, codec,
-                                               self.allowed_classes)
-            if self._state.kind != kind:
-                raise QueueKindMismatch(
-                    f"queue {name!r} is open in this process as "
-                    f"{store.KIND_NAMES[self._state.kind]}; open it with that class")
-            if self.allowed_classes is not None:
-                with self._state.mutex:       # the state orders by the strictest list
-                    held = self._state.allowed_classes
-                    self._state.allowed_classes = (self.allowed_classes if held is None
-                                                   else held & self.allowed_classes)
-            if codec is not None and self._state.codec != codec:
-                raise CodecMismatch(
-                    f"queue {name!r} is open in this process with codec "
-                    f"{self._state.codec!r}; open it with that codec (or without codec=)")
+            self._state = self._open_state(name, kind, clock, codec)
             self._policy = self._dead_letter_policy(self.max_receives, self.dead_letter)
             if autopack is not None:
                 self._database.enable_autopack(autopack)
@@ -262,6 +248,25 @@ class AckQueue(_stdlib_queue.Queue):
         self.not_empty = self._state.not_empty
         self.not_full = self._state.not_full
         self.all_tasks_done = self._state.all_tasks_done
+
+    def _open_state(self, name, kind, clock, codec):
+        """The queue's live state in this process, checked against this front's class and
+        codec; this front's allowed_classes narrow what the state reads to order items."""
+        state = self._database.state(name, kind, clock, codec, self.allowed_classes)
+        if state.kind != kind:
+            raise QueueKindMismatch(
+                f"queue {name!r} is open in this process as "
+                f"{store.KIND_NAMES[state.kind]}; open it with that class")
+        if self.allowed_classes is not None:
+            with state.mutex:                 # the state orders by the strictest list
+                held = state.allowed_classes
+                state.allowed_classes = (self.allowed_classes if held is None
+                                         else held & self.allowed_classes)
+        if codec is not None and state.codec != codec:
+            raise CodecMismatch(
+                f"queue {name!r} is open in this process with codec "
+                f"{state.codec!r}; open it with that codec (or without codec=)")
+        return state
 
     @property
     def db(self):

@@ -456,6 +456,45 @@ class _WakingCondition(threading.Condition):
         super().notify_all()
 
 
+def _put_options(opts, dedup_id):
+    """(query parameters, headers) of a put's options; a put without a dedup id carries an
+    Idempotency-Key, so that a retry after a cut-off request is stored once."""
+    query, headers = [], {}
+    if opts is not None:
+        if opts.priority != store.DEFAULT_PRIORITY:
+            query.append(f"priority={opts.priority}")
+        if opts.delay:
+            query.append(f"delay={opts.delay!r}")
+        if opts.retention != store.DEFAULT_RETENTION:
+            query.append(f"retention={opts.retention!r}")
+        if opts.attributes:
+            headers["X-Attributes"] = json.dumps(dict(opts.attributes))
+    if dedup_id is not None:
+        query.append("dedup_id=" + urllib.parse.quote(dedup_id, safe=""))
+    else:
+        headers["Idempotency-Key"] = uuid.uuid4().hex
+    return query, headers
+
+
+def _put_request(bodies, query, headers):
+    """(path, request body) of a put: one message as itself with its Content-Type, a batch
+    as frames of one encoding (a mixed batch travels as pickles); adds to query/headers."""
+    kinds = {codec.kind(b) for b in bodies}
+    if len(bodies) == 1:
+        headers["Content-Type"] = _CONTENT_TYPES[kinds.pop()]
+        return "/messages", codec.payload(bodies[0])
+    if len(kinds) == 1:
+        kind = kinds.pop()
+        payloads = [codec.payload(b) for b in bodies]
+    else:
+        kind = codec.PICKLE
+        payloads = [b if codec.kind(b) == codec.PICKLE else _pickled(codec.decode(b))
+                    for b in bodies]
+    query.append(f"encoding={kind}")
+    headers["Content-Type"] = "application/vnd.ackqueue.frames"
+    return "/batch", _encode_frames(payloads)
+
+
 class RemoteState:
     """What the front asks of self._state, answered by the service."""
 
@@ -653,17 +692,7 @@ class RemoteConnection:
         timeout = check_wait(block, timeout)
         if self._front.is_shutdown:
             raise ShutDown
-        if encoded:
-            bodies = []
-            for b in items:
-                if isinstance(b, (bytearray, memoryview)):
-                    b = bytes(b)
-                if not isinstance(b, bytes):
-                    raise TypeError(f"an encoded item must be bytes, not {type(b).__name__}")
-                bodies.append(b)
-            pairs = [(b, b) for b in bodies]
-        else:
-            pairs = [(item, codec.encode(item, self._state.codec)) for item in items]
+        pairs = self._pairs(items, encoded)
         check_item_sizes(pairs, self._front.max_item_size)
         if not pairs:
             return []
@@ -672,39 +701,10 @@ class RemoteConnection:
             raise _unsupported("put_many(dedup_ids=...)", "the service's batch put takes "
                                "one idempotency key for the whole batch; put() each item "
                                "with its dedup_id")
-        query = []
-        if opts is not None:
-            if opts.priority != store.DEFAULT_PRIORITY:
-                query.append(f"priority={opts.priority}")
-            if opts.delay:
-                query.append(f"delay={opts.delay!r}")
-            if opts.retention != store.DEFAULT_RETENTION:
-                query.append(f"retention={opts.retention!r}")
-        headers = {}
-        if opts is not None and opts.attributes:
-            headers["X-Attributes"] = json.dumps(dict(opts.attributes))
-        if dedup_ids[0] is not None:
-            query.append("dedup_id=" + urllib.parse.quote(dedup_ids[0], safe=""))
-        else:
-            headers["Idempotency-Key"] = uuid.uuid4().hex
+        query, headers = _put_options(opts, dedup_ids[0])
         self._wait_for_room(len(pairs), block, timeout)
         bodies = [body for _, body in pairs]
-        kinds = {codec.kind(b) for b in bodies}
-        if len(bodies) == 1:
-            kind = kinds.pop()
-            headers["Content-Type"] = _CONTENT_TYPES[kind]
-            path, data = "/messages", codec.payload(bodies[0])
-        else:
-            if len(kinds) == 1:
-                kind = kinds.pop()
-                payloads = [codec.payload(b) for b in bodies]
-            else:     # one encoding per batch: a mixed batch travels as pickles
-                kind = codec.PICKLE
-                payloads = [b if codec.kind(b) == codec.PICKLE else
-                            _pickled(codec.decode(b)) for b in bodies]
-            query.append(f"encoding={kind}")
-            headers["Content-Type"] = "application/vnd.ackqueue.frames"
-            path, data = "/batch", _encode_frames(payloads)
+        path, data = _put_request(bodies, query, headers)
         url = self._path(path) + ("?" + "&".join(query) if query else "")
         status, doc, attempt = self._db.call("POST", url, data, headers)
         if status == 409 and attempt and dedup_ids[0] is not None:
@@ -714,6 +714,20 @@ class RemoteConnection:
         if "ids" in doc:
             return [MessageId(i) for i in doc["ids"]]
         return [MessageId(doc["id"])]
+
+    def _pairs(self, items, encoded):
+        """(item, stored body) of each item: encoded by the queue's codec, or already
+        bytes (encoded=True)."""
+        if not encoded:
+            return [(item, codec.encode(item, self._state.codec)) for item in items]
+        pairs = []
+        for b in items:
+            if isinstance(b, (bytearray, memoryview)):
+                b = bytes(b)
+            if not isinstance(b, bytes):
+                raise TypeError(f"an encoded item must be bytes, not {type(b).__name__}")
+            pairs.append((b, b))
+        return pairs
 
     def _wait_for_room(self, count, block, timeout):
         maxsize = self._front.maxsize

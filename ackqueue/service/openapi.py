@@ -64,6 +64,8 @@ def _sasquatch_paths():
 
 
 def document():
+    """The OpenAPI document of the native API (and, merged in, Sasquatch's paths).  Longer
+    than 60 lines on purpose: it is one data literal, read top to bottom like the API."""
     msg = {"$ref": "#/components/schemas/Message"}
     doc = {
         "openapi": "3.0.3",
