@@ -268,7 +268,22 @@ class _Savepoint:
         _forget(later.got)
 
 
-class QueueConnection:
+class ThreadBound:
+    """What a per-thread proxy knows of its thread (self._thread: a weak reference to it,
+    or None for a proxy that belongs to no thread; self.closed)."""
+
+    def alive(self):
+        if self._thread is None:
+            return not self.closed
+        thread = self._thread()
+        return thread is not None and thread.is_alive() and not self.closed
+
+    def ended_by_exception(self):
+        thread = None if self._thread is None else self._thread()
+        return thread is not None and thread in _failed_threads
+
+
+class QueueConnection(ThreadBound):
     """One thread's handle on a queue: get, put, ack, nack, get_message, transaction, close.
 
     Use it from the thread that made it.  As a context manager it gives back, on exit,
@@ -316,16 +331,6 @@ class QueueConnection:
         return f"<QueueConnection to {self._state.name!r} of {owner}>"
 
     # -- the thread it belongs to --------------------------------------------------------
-
-    def alive(self):
-        if self._thread is None:
-            return not self.closed
-        thread = self._thread()
-        return thread is not None and thread.is_alive() and not self.closed
-
-    def ended_by_exception(self):
-        thread = None if self._thread is None else self._thread()
-        return thread is not None and thread in _failed_threads
 
     def _check_thread(self):
         if self.closed:

@@ -45,7 +45,7 @@ import uuid
 import weakref
 
 from . import codec, store
-from .connection import (_failed_threads, check_item_sizes, check_visibility, check_wait,
+from .connection import (ThreadBound, check_item_sizes, check_visibility, check_wait,
                          watch_thread_failure)
 from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, NotSupported,
                      ServerUnavailable, ShutDown, StaleAck)
@@ -637,7 +637,7 @@ class RemoteHolding:
         self.released = None
 
 
-class RemoteConnection:
+class RemoteConnection(ThreadBound):
     """One thread's handle on a remote queue: the front's proxy (see QueueConnection)."""
 
     thread_bound = True
@@ -662,16 +662,6 @@ class RemoteConnection:
 
     def __repr__(self):
         return f"<RemoteConnection to {self._state.name!r} at {self._db.description}>"
-
-    def alive(self):
-        if self._thread is None:
-            return not self.closed
-        thread = self._thread()
-        return thread is not None and thread.is_alive() and not self.closed
-
-    def ended_by_exception(self):
-        thread = None if self._thread is None else self._thread()
-        return thread is not None and thread in _failed_threads
 
     def _check_thread(self):
         if self.closed:

@@ -503,6 +503,21 @@ class Api:
         cc = session.conns.get(name)
         if cc is None:
             cc = await self.run(self.service.client_conn, session, name)
+        messages = await self.poll(request, name, q, cc,
+                                   lambda: self.service.receive(cc, n, vt), wait,
+                                   done=lambda: session.closed)
+        delivered = self.service.register(name, session, cc, messages)
+        if FRAMES in request.headers.get("Accept", ""):
+            return _frames_response(delivered)
+        return web.json_response({"messages": [_message_json(r, m) for r, m in delivered]})
+
+    async def poll(self, request, name, q, cc, attempt, wait, *, give_back=True,
+                   done=lambda: False):
+        """The service's one long poll (the native receive and Sasquatch's use it):
+        attempt() in the pool until it returns messages, done() says stop, the service
+        stops, or wait seconds pass, holding no thread in between: ready listeners wake
+        it, next_ready_at bounds its sleep.  A client that leaves ends it at once (the
+        request is cancelled) and, with give_back, what it got goes back."""
         loop = self.loop
         deadline = loop.time() + wait
         event = asyncio.Event()
@@ -511,8 +526,8 @@ class Api:
         try:
             while True:
                 event.clear()
-                messages = await self._try(cc, n, vt)
-                if messages or session.closed or self.stopping:
+                messages = await self._attempt(cc, attempt, give_back)
+                if messages or done() or self.stopping:
                     break
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -526,24 +541,23 @@ class Api:
                     pass
         finally:
             waiters.discard(event)
-        if messages and (request.transport is None or request.transport.is_closing()):
+        if messages and give_back and (request.transport is None
+                                       or request.transport.is_closing()):
             await self.run(self.service.give_back, cc, messages)   # its client left
             messages = []
-        delivered = self.service.register(name, session, cc, messages)
-        if FRAMES in request.headers.get("Accept", ""):
-            return _frames_response(delivered)
-        return web.json_response({"messages": [_message_json(r, m) for r, m in delivered]})
+        return messages
 
-    async def _try(self, cc, n, vt):
-        """A non-blocking get in the pool; a cancelled request gives back what it got."""
-        fut = self.loop.run_in_executor(self.pool, self.service.receive, cc, n, vt)
+    async def _attempt(self, cc, attempt, give_back):
+        """attempt() in the pool; a cancelled request gives back what it got."""
+        fut = self.loop.run_in_executor(self.pool, attempt)
         try:
             return await asyncio.shield(fut)
         except asyncio.CancelledError:
-            def give_back(f):
-                if not f.cancelled() and f.exception() is None and f.result():
-                    self.pool.submit(self.service.give_back, cc, f.result())
-            fut.add_done_callback(give_back)
+            if give_back:
+                def back(f):
+                    if not f.cancelled() and f.exception() is None and f.result():
+                        self.pool.submit(self.service.give_back, cc, f.result())
+                fut.add_done_callback(back)
             raise
 
     async def purge(self, request):

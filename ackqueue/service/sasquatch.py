@@ -411,47 +411,9 @@ class Sasquatch:
             it.close()
 
     async def _poll(self, request, name, q, cc, attempt, wait, give_back):
-        """attempt() in the pool until it returns something or wait seconds pass, holding
-        no thread in between (the native receive's machinery: ready listeners wake it;
-        next_ready_at bounds its sleep).  A client that leaves ends it at once (the request
-        is cancelled) and what it got goes back."""
-        api, loop = self.api, self.api.loop
-        deadline = loop.time() + wait
-        event = asyncio.Event()
-        waiters = api.waiters.setdefault(name, set())
-        waiters.add(event)
-        try:
-            while True:
-                event.clear()
-                fut = loop.run_in_executor(api.pool, attempt)
-                try:
-                    messages = await asyncio.shield(fut)
-                except asyncio.CancelledError:
-                    if give_back:
-                        def back(f):
-                            if not f.cancelled() and f.exception() is None and f.result():
-                                api.pool.submit(self.service.give_back, cc, f.result())
-                        fut.add_done_callback(back)
-                    raise
-                if messages or api.stopping:
-                    break
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                ready_at = q.next_ready_at()
-                if ready_at is not None:
-                    remaining = min(remaining, max(0.0, ready_at - time.time()) + 0.005)
-                try:
-                    await asyncio.wait_for(event.wait(), remaining)
-                except asyncio.TimeoutError:
-                    pass
-        finally:
-            waiters.discard(event)
-        if messages and give_back and (request.transport is None
-                                       or request.transport.is_closing()):
-            await api.run(self.service.give_back, cc, messages)     # its client left
-            messages = []
-        return messages
+        """attempt() until it returns something or wait seconds pass: the service's one
+        long poll (Api.poll), holding no thread in between."""
+        return await self.api.poll(request, name, q, cc, attempt, wait, give_back=give_back)
 
     def _message_json(self, m, receipt):
         body, md5, extra = _body_json(m.body)
