@@ -9,6 +9,7 @@ import time
 import click
 
 from ..errors import AckQueueError
+from .. import store
 from ..server import DEFAULT_PORT
 from . import output
 from .output import Progress, echo_json, table
@@ -614,6 +615,10 @@ def import_(target, queue, file):
         q = t.queue(queue, must_exist=False)
         stream = click.open_file(file, "r", encoding="utf-8")
         with stream:
+            if q._kind == store.LIFO:
+                # The file lists messages in delivery order, newest first for a LIFO
+                # queue: put them oldest first, so that they are delivered as they were.
+                stream = list(stream)[::-1]
             n = put_lines(q, stream, None, "importing", total=total)
     click.echo(f"imported {n} message{'s' if n != 1 else ''} into {queue!r}")
 
