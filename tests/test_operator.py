@@ -427,10 +427,9 @@ def test_a_lifo_queue_round_trips_in_its_delivery_order(tmp_path):
     src, dst = tmp_path / "src.fs", tmp_path / "dst.fs"
     with AckLifoQueue(path=str(src), name="stack") as q:
         q.put_many(["one", "two", "three"])       # delivered three, two, one
-    with AckLifoQueue(path=str(dst), name="stack"):
-        pass                                      # the target queue exists, LIFO
     ok("export", src, "stack", tmp_path / "x.jsonl")
-    ok("import", dst, "stack", tmp_path / "x.jsonl")
+    ok("import", dst, "stack", tmp_path / "x.jsonl")   # a new file: made LIFO, as exported
+    assert as_json("ls", dst)["stack"]["kind"] == "lifo"
     with AckLifoQueue(path=str(dst), name="stack") as q:
         assert [q.get(block=False) for _ in range(3)] == ["three", "two", "one"]
         for _ in range(3):

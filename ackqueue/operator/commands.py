@@ -14,7 +14,7 @@ from ..server import DEFAULT_PORT
 from . import output
 from .output import Progress, echo_json, table
 from .targets import (EXIT_ERROR, CommandError, Target, _one_line, user_errors)
-from .transfer import BadLine, message_record, parse_line
+from .transfer import BadLine, message_record, parse_line, queue_kind_of
 from ..remote import RemoteDatabase
 
 IMPORT_BATCH = 500          # messages put in one commit by import and put -/--jsonl
@@ -586,8 +586,8 @@ def export(target, queue, file):
             it = q.browse()
             try:
                 for m in it:
-                    out.write(json.dumps(message_record(m, now), ensure_ascii=False,
-                                         separators=(",", ":")) + "\n")
+                    out.write(json.dumps(message_record(m, now, q._kind),
+                                         ensure_ascii=False, separators=(",", ":")) + "\n")
                     n += 1
                     bar.advance()
             finally:
@@ -612,9 +612,18 @@ def import_(target, queue, file):
     """
     total = None if file == "-" else count_lines(file)
     with Target(target, create=True) as t:
-        q = t.queue(queue, must_exist=False)
         stream = click.open_file(file, "r", encoding="utf-8")
         with stream:
+            lines = stream
+            if file == "-":
+                lines = list(stream)
+                first = next((line for line in lines if line.strip()), "")
+            else:
+                with open(file, encoding="utf-8") as peek:
+                    first = next((line for line in peek if line.strip()), "")
+            # A missing queue is made with the kind the export recorded.
+            q = t.queue(queue, must_exist=False, kind=queue_kind_of(first))
+            stream = lines
             if q._kind == store.LIFO:
                 # The file lists messages in delivery order, newest first for a LIFO
                 # queue: put them oldest first, so that they are delivered as they were.

@@ -130,13 +130,15 @@ class Target:
         finally:
             probe.close()
 
-    def queue(self, name, *, must_exist=True):
+    def queue(self, name, *, must_exist=True, kind=None):
         """The queue called name, opened with its own class (FIFO, LIFO or priority).  A
         missing queue raises QueueNotFound (exit 3) unless must_exist is False; then it
-        is created as a FIFO queue by the first put."""
-        kind = self.catalog().get(name, {}).get("kind")
-        if kind is None and must_exist:
+        is created with kind (FIFO when None) by the first put."""
+        found = self.catalog().get(name, {}).get("kind")
+        if found is None and must_exist:
             raise QueueNotFound(f"queue {name!r} not found in {self.where}")
-        q = CLASSES[kind or store.FIFO](path=self.where, name=name)
+        if is_service(self.where):
+            found, kind = store.FIFO, None    # the service opens FIFO queues
+        q = CLASSES[found or kind or store.FIFO](path=self.where, name=name)
         self._queues.append(q)
         return q

@@ -21,7 +21,7 @@ from ..browse import DELAYED
 
 TEXT, BASE64, PICKLE = None, "base64", "pickle"
 FIELDS = {"body", "encoding", "priority", "attributes", "delay", "retention", "state",
-          "receive_count", "id", "age"}
+          "receive_count", "id", "age", "queue_kind"}
 
 
 def encode_body(item, stored):
@@ -33,8 +33,9 @@ def encode_body(item, stored):
     return base64.b64encode(stored).decode("ascii"), PICKLE
 
 
-def message_record(m, now):
-    """The JSON-lines dict of a BrowsedMessage (or a received Message, see record_of)."""
+def message_record(m, now, queue_kind=None):
+    """The JSON-lines dict of a BrowsedMessage (or a received Message, see record_of);
+    queue_kind (fifo, lifo, value) lets an import create the queue with its kind."""
     body, encoding = encode_body(m.item, m.body)
     record = {"id": int(m.id), "body": body, "priority": m.priority,
               "attributes": dict(m.attributes), "state": m.state,
@@ -45,7 +46,19 @@ def message_record(m, now):
         record["delay"] = max(0.0, m.visible_at - now)
     if m.expires_at is not None:
         record["retention"] = max(0.001, m.expires_at - now)
+    if queue_kind is not None:
+        record["queue_kind"] = queue_kind
     return record
+
+
+def queue_kind_of(line):
+    """The queue_kind a JSON line records (None if none, or not a message line)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    kind = record.get("queue_kind") if isinstance(record, dict) else None
+    return kind if kind in ("fifo", "lifo", "value") else None
 
 
 class BadLine(ValueError):
