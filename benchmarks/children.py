@@ -169,3 +169,23 @@ class Child:
             except Exception:   # noqa: BLE001
                 pass
         return code
+
+
+def stop_server(proc, files, timeout):
+    """SIGTERM a server child and wait for it (SIGKILL after timeout s), then close its
+    files; returns its exit code, or a sentence saying it had to be killed."""
+    code = proc.poll()
+    if code is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = f"no exit {timeout}s after SIGTERM: SIGKILLed"
+    for f in files:
+        try:
+            f.close()
+        except Exception:   # noqa: BLE001
+            pass
+    return code

@@ -4,13 +4,13 @@ the service group-commits every client's requests (fsync'd)."""
 import os
 import re
 import select
-import signal
 import subprocess
 
 from benchmarks.common import REPO, SHARED_QUEUE_NAME
 from benchmarks.contenders.ackqueue import AckQueueAdapter
 from benchmarks.contenders.base import Contender, SharedContender
 from benchmarks.contenders.zeo import ackqueue_command
+from benchmarks.children import stop_server
 
 START_TIMEOUT = 60             # failure bounds only
 STOP_TIMEOUT = 60
@@ -38,20 +38,7 @@ class Service:
 
     def stop(self):
         """SIGTERM, wait; returns {"exit_code", "log_errors", ...} (never raises)."""
-        code = self.proc.poll()
-        if code is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                code = self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                code = f"no exit {STOP_TIMEOUT}s after SIGTERM: SIGKILLed"
-        for f in (self.proc.stdout, self.log):
-            try:
-                f.close()
-            except Exception:   # noqa: BLE001
-                pass
+        code = stop_server(self.proc, (self.proc.stdout, self.log), STOP_TIMEOUT)
         try:
             with open(self.log_path, encoding="utf-8", errors="replace") as f:
                 lines = f.read().splitlines()

@@ -16,7 +16,6 @@ import os
 import pickle
 import re
 import select
-import signal
 import subprocess
 import time
 from urllib.parse import quote
@@ -24,6 +23,7 @@ from urllib.parse import quote
 from benchmarks.common import REPO, SHARED_QUEUE_NAME, Timeout
 from benchmarks.contenders.base import Adapter, SharedContender
 from benchmarks.contenders.zeo import ackqueue_command
+from benchmarks.children import stop_server
 
 FRAMES = "application/vnd.ackqueue.frames"
 PICKLE = "application/x-python-pickle"
@@ -87,20 +87,7 @@ class ServiceServer:
 
     def stop(self):
         """SIGTERM, wait; returns {"exit_code", "log_errors"} (never raises)."""
-        code = self.proc.poll()
-        if code is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                code = self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                code = f"no exit {STOP_TIMEOUT}s after SIGTERM: SIGKILLed"
-        for f in (self.proc.stdout, self.log):
-            try:
-                f.close()
-            except Exception:   # noqa: BLE001
-                pass
+        code = stop_server(self.proc, (self.proc.stdout, self.log), STOP_TIMEOUT)
         errors = [line for line in self.log_tail(100000).splitlines()
                   if " ERROR " in line or "Traceback" in line]
         return {"exit_code": code, "log_errors": errors[:20], "log_error_count": len(errors)}

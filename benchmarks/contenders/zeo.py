@@ -2,7 +2,6 @@
 import os
 import re
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -10,6 +9,7 @@ import time
 from benchmarks.common import REPO, SHARED_QUEUE_NAME
 from benchmarks.contenders.ackqueue import AckQueueAdapter
 from benchmarks.contenders.base import Contender, SharedContender
+from benchmarks.children import stop_server
 
 SERVER_START_TIMEOUT = 60             # failure bounds only
 SERVER_STOP_TIMEOUT = 60
@@ -62,20 +62,7 @@ class ZeoServer:
 
     def stop(self):
         """SIGTERM, wait; returns {"exit_code", "log_problems"} (never raises)."""
-        code = self.proc.poll()
-        if code is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                code = self.proc.wait(SERVER_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                code = f"no exit {SERVER_STOP_TIMEOUT}s after SIGTERM: SIGKILLed"
-        for f in (self.proc.stdout, self.log):
-            try:
-                f.close()
-            except Exception:   # noqa: BLE001
-                pass
+        code = stop_server(self.proc, (self.proc.stdout, self.log), SERVER_STOP_TIMEOUT)
         errors = self.log_lines(r" (ERROR|CRITICAL) |Traceback")
         warns = self.log_lines(r" WARNING ")
         return {"exit_code": code, "log_errors": errors[:20], "log_error_count": len(errors),
