@@ -1,56 +1,15 @@
 """The remote drop-in: `ackqueue serve` on loopback, AckQueue(path="http://...") in every
 process (issue 23 point 8).  One put, one get (a long poll) and one ack request per item;
 the service group-commits every client's requests (fsync'd)."""
-import os
-import re
-import select
-import subprocess
-
-from benchmarks.common import REPO, SHARED_QUEUE_NAME
+from benchmarks.common import SHARED_QUEUE_NAME
 from benchmarks.contenders.ackqueue import AckQueueAdapter
 from benchmarks.contenders.base import Contender, SharedContender
-from benchmarks.contenders.zeo import ackqueue_command
-from benchmarks.children import stop_server
-
-START_TIMEOUT = 60             # failure bounds only
-STOP_TIMEOUT = 60
-
-
-class Service:
-    """`ackqueue serve DIR/shared.fs --port 0` in a child process; the URL is parsed from
-    the one line it prints; its stderr goes to DIR/service.log."""
-
-    def __init__(self, directory):
-        self.log_path = os.path.join(directory, "service.log")
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            ackqueue_command() + ["serve", os.path.join(directory, "shared.fs"),
-                                  "--port", "0"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, text=True,
-            cwd=REPO)
-        ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT)
-        line = self.proc.stdout.readline() if ready else ""
-        found = re.search(r"http://127\.0\.0\.1:\d+", line)
-        if not found:
-            self.stop()
-            raise RuntimeError(f"ackqueue serve did not start: {line!r}")
-        self.url = found.group(0)
-
-    def stop(self):
-        """SIGTERM, wait; returns {"exit_code", "log_errors", ...} (never raises)."""
-        code = stop_server(self.proc, (self.proc.stdout, self.log), STOP_TIMEOUT)
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            lines = []
-        errors = [x for x in lines if re.search(r"ERROR|CRITICAL|Traceback", x)]
-        return {"exit_code": code, "log_errors": errors[:20], "log_error_count": len(errors)}
+from benchmarks.contenders.service import ServiceServer   # the service contender's server
 
 
 def start_service(directory):
     """provision(): one service per run, on a fresh file."""
-    service = Service(directory)
+    service = ServiceServer(directory)
     return service.url, service
 
 
@@ -79,7 +38,7 @@ class RemoteAckQueueAdapter(AckQueueAdapter):
     service (SIGTERM) after closing the queue.  The service's start is not timed."""
 
     def __init__(self, directory, **options):
-        self.service = Service(directory)
+        self.service = ServiceServer(directory)
         self.server_report = None
         try:
             super().__init__(directory, url=self.service.url, **options)
