@@ -94,7 +94,7 @@ def verify(method, path, raw_query, headers, body, secret_of, now=None):
                        f"({stamp:%Y%m%dT%H%M%SZ} - 5 min.)")
     names = signed.split(";")
     creq = canonical_request(method, path, raw_query, headers, names, body)
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, "/".join(scope[:4] + ["aws4_request"]),
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, "/".join(scope[1:]),
                          hashlib.sha256(creq.encode("utf-8")).hexdigest()])
     expected = hmac.new(signing_key(secret, date, region, service), to_sign.encode("utf-8"),
                         hashlib.sha256).hexdigest()
