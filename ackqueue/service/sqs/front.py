@@ -45,7 +45,8 @@ class SqsFront:
         self.conns = {}            # queue name -> ClientConn holding SQS deliveries
         self.expiry = {}           # receipt -> clock time its delivery is given back
         self.swept = clock()
-        self.tasks = {}            # task handle -> message move task (done on start)
+        self.tasks = {}            # source ARN -> its message move tasks (newest first)
+        self.fifo = {}             # FIFO queue name -> fifo.FifoState
 
     async def run(self, fn, *args):
         return await self.api.run(fn, *args)
@@ -103,6 +104,27 @@ class SqsFront:
             conn = await self.run(lambda: q.connect(thread_bound=False))
             cc = self.conns.setdefault(name, ClientConn(q, conn))
         return q, cc
+
+    def fifo_state(self, name):
+        from .fifo import FifoState
+        st = self.fifo.get(name)
+        if st is None:
+            st = self.fifo[name] = FifoState(self.clock)
+        return st
+
+    async def counts(self, name, q):
+        """The queue's counts as SQS sees them (FIFO: staged messages are visible)."""
+        counts = dict(await self.run(q.counts))
+        if name in self.fifo:
+            pending, _ = await self.run(self.fifo[name].staged)
+            counts["ready"] = counts.get("ready", 0) + pending
+            counts["in_flight"] = max(0, counts.get("in_flight", 0) - pending)
+        return counts
+
+    async def purged(self, name, q):
+        await self.run(q.purge)
+        if name in self.fifo:
+            self.fifo[name].reset()
 
     def policy(self, q, rec):
         count, dlq = redrive_of(rec["attributes"])

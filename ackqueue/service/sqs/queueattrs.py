@@ -66,7 +66,7 @@ def check_attributes(attrs, name, *, creating, exists):
     """attrs (CreateQueue's or SetQueueAttributes' Attributes) checked for queue name:
     {key: str value}; exists(queue name) says whether a dead-letter target exists."""
     if attrs is None:
-        return {}
+        attrs = {}
     if not isinstance(attrs, dict):
         raise SqsError("InvalidParameterValue", "Attributes must be a map")
     fifo = is_fifo(name)

@@ -75,7 +75,7 @@ async def delete_queue(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     rec = await sqs.record(name)
     q, _ = await sqs.queue(name)
-    await sqs.run(q.purge)
+    await sqs.purged(name, q)
     await sqs.run(sqs.registry.put, name, dict(rec, deleted=True))
     return {}
 
@@ -84,7 +84,7 @@ async def purge_queue(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     await sqs.record(name)
     q, _ = await sqs.queue(name)
-    await sqs.run(q.purge)
+    await sqs.purged(name, q)
     return {}
 
 
@@ -104,7 +104,7 @@ async def get_queue_attributes(sqs, call):
     if not wanted:
         return {}
     q, _ = await sqs.queue(name)
-    counts = await sqs.run(q.counts)
+    counts = await sqs.counts(name, q)
     every.update({
         "ApproximateNumberOfMessages": str(counts.get("ready", 0)),
         "ApproximateNumberOfMessagesNotVisible": str(counts.get("in_flight", 0)),

@@ -107,6 +107,9 @@ async def receive_message(sqs, call):
     policy = sqs.policy(q, rec)
     if policy is not None and policy.target is not None:
         await sqs.queue(policy.target)        # open: the dead letters' ready listener
+    if is_fifo(name):
+        return await _receive_fifo(sqs, call, name, q, cc, n, vt, wait, policy,
+                                   wanted_system, wanted_attrs)
     messages = await sqs.api.poll(call.request, name, q, cc,
                                   lambda: _take(cc, n, vt, policy), wait)
     if vt == 0:
@@ -118,6 +121,26 @@ async def receive_message(sqs, call):
         return {}                  # SQS leaves Messages out when there are none
     return {"Messages": [_message_json(call, name, r, m, wanted_system, wanted_attrs)
                          for r, m in delivered]}
+
+
+async def _receive_fifo(sqs, call, name, q, cc, n, vt, wait, policy, wanted_system,
+                        wanted_attrs):
+    st = sqs.fifo_state(name)
+    target = None
+    if policy is not None and policy.target is not None:
+        target = await sqs.api.queue(policy.target)
+    mr = None if policy is None else policy.max_receives
+    got = await sqs.api.poll(call.request, name, q, cc,
+                             lambda: st.take(cc, n, vt, mr, target), wait, give_back=False)
+    if not got:
+        return {}
+    out = []
+    for receipt, m, count in got:
+        j = _message_json(call, name, receipt, m, wanted_system, wanted_attrs)
+        if "ApproximateReceiveCount" in j.get("Attributes", {}):
+            j["Attributes"]["ApproximateReceiveCount"] = str(count)
+        out.append(j)
+    return {"Messages": out}
 
 
 def _unheld(m):
@@ -138,6 +161,13 @@ async def _delete(sqs, name, receipts):
     """Acknowledge the deliveries receipts name, in one commit when they are all still
     held; a receipt naming nothing held any more (acknowledged, given back, from before a
     restart) deletes nothing and succeeds, as SQS's does for an old receipt handle."""
+    if is_fifo(name):
+        _, cc = await sqs.queue(name)
+        st = sqs.fifo_state(name)
+        for r in receipts:
+            if await sqs.run(st.delete, cc, r):
+                sqs.api._wake(name)          # its group is free: wake long polls
+        return
     found = [(r, d) for r in receipts for d in [sqs.delivery(name, r)] if d is not None]
     if not found:
         return
@@ -176,6 +206,13 @@ async def delete_message_batch(sqs, call):
 
 async def _change(sqs, name, receipt, seconds):
     _check_receipt(receipt)
+    if is_fifo(name):
+        if not await sqs.run(sqs.fifo_state(name).change, receipt, seconds):
+            raise SqsError("MessageNotInflight", "Message does not exist or is not available "
+                                                 "for visibility timeout change.")
+        if seconds <= 0:
+            sqs.api._wake(name)
+        return
     d = sqs.delivery(name, receipt)
     if d is None:
         raise SqsError("MessageNotInflight", "Message does not exist or is not available "
