@@ -17,4 +17,8 @@ def markdown_sqs(sc):
                 f"| {r.get('delivered', '—')}/{r.get('sent', '—')} "
                 f"| {fmt(ratio) + 'x (' + str(target) + 'x)' if ratio else '—'} |"
                 + (f" ERROR: {r['error'][:200]}" if r.get("error") else ""))
+    lines.append("")
+    lines.append("ackqueue's share of the floor (the same boto3 processes against a bare "
+                 "in-memory aiohttp SQS): " + ", ".join(
+                     f"batch {b}: {fmt(v)}" for b, v in sc.get("share_of_floor", {}).items()))
     return lines + [""]

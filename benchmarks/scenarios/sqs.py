@@ -18,15 +18,18 @@ from benchmarks.common import fmt, percentile
 
 KEY = "sqs"
 TITLE = "(sqs) the SQS protocol with boto3: ackqueue serve vs moto's server"
-SERVERS = (("ackqueue", "ackqueue serve (SQS, fsync)"), ("moto", "moto server (memory)"))
+SERVERS = (("ackqueue", "ackqueue serve (SQS, fsync)"), ("moto", "moto server (memory)"),
+           ("null", "floor: a bare aiohttp SQS (deque, no durability)"))
 LIMIT = 900.0
 WAIT = 1                     # a consumer's long poll (s); it stops after 2 empty ones
 
 
 def counts(args):
     if args.quick:
-        return {"ackqueue": {1: 400, 10: 2000}, "moto": {1: 100, 10: 300}}
-    return {"ackqueue": {1: 2000, 10: 10000}, "moto": {1: 300, 10: 1000}}
+        return {"ackqueue": {1: 400, 10: 2000}, "moto": {1: 100, 10: 300},
+                "null": {1: 400, 10: 2000}}
+    return {"ackqueue": {1: 2000, 10: 10000}, "moto": {1: 300, 10: 1000},
+            "null": {1: 2000, 10: 10000}}
 
 
 def one_run(kind, total, batch, tmp_root, producers=2, consumers=2):
@@ -84,13 +87,17 @@ def run(args, shared, tmp_root):
             print(f"  {label}, batch {batch}: {fmt(m.get('throughput'))} messages/s, p50 "
                   f"{fmt(m.get('p50_ms'))} ms, p99 {fmt(m.get('p99_ms'))} ms"
                   + (f"  ERROR {r['error']}" if r.get("error") else ""), flush=True)
-    ratios = {}
+    ratios, of_floor = {}, {}
     for batch, rs in results.items():
-        a = (rs["ackqueue"].get("metrics") or {}).get("throughput")
-        m = (rs["moto"].get("metrics") or {}).get("throughput")
+        a, m, f = ((rs[k].get("metrics") or {}).get("throughput")
+                   for k in ("ackqueue", "moto", "null"))
         ratios[batch] = a / m if a and m else None
+        of_floor[batch] = a / f if a and f else None
+        print(f"  batch {batch}: ackqueue = {fmt(ratios[batch])}x moto, "
+              f"{fmt(of_floor[batch])} of the floor", flush=True)
     return {"title": TITLE, "description": __doc__.split("\n\n")[0], "results": results,
-            "ratio_vs_moto": ratios, "targets": {"1": 20, "10": 100}}
+            "ratio_vs_moto": ratios, "share_of_floor": of_floor,
+            "targets": {"1": 20, "10": 100}}
 
 
 # --- the children -------------------------------------------------------------------------
