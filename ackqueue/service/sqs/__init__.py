@@ -17,6 +17,7 @@ loopback without auth unless --insecure).
 """
 import json
 import logging
+import uuid
 
 from aiohttp import web
 
@@ -108,7 +109,8 @@ class Handler:
         call = Call(action, params, f"{request.scheme}://{request.host}", region, client,
                     key_id, request=request)
         result = await ACTIONS[action][0](self.front, call)
-        return web.Response(body=json.dumps(result).encode(), content_type=CONTENT_TYPE)
+        return web.Response(body=json.dumps(result).encode(), content_type=CONTENT_TYPE,
+                            headers={"x-amzn-RequestId": str(uuid.uuid4())})
 
 
 def add_routes(app, api, auth=None):

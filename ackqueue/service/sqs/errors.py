@@ -5,6 +5,7 @@ languages) take the error code a program matches on (e.g.
 ``AWS.SimpleQueueService.NonExistentQueue``, what ``QueueDoesNotExist`` is called in SQS's
 query API)."""
 import json
+import uuid
 
 from aiohttp import web
 
@@ -69,4 +70,5 @@ def error_response(exc):
     legacy, status, fault = _CODES[exc.code]
     body = json.dumps({"__type": f"com.amazonaws.sqs#{exc.code}", "message": exc.message})
     return web.Response(body=body.encode(), status=status, content_type=CONTENT_TYPE,
-                        headers={"x-amzn-query-error": f"{legacy};{fault}"})
+                        headers={"x-amzn-query-error": f"{legacy};{fault}",
+                                 "x-amzn-RequestId": str(uuid.uuid4())})

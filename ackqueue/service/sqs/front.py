@@ -71,7 +71,7 @@ class SqsFront:
                 return await self.run(self.registry.put, name, self.new_record(name, {}))
         if must_exist:
             raise SqsError("QueueDoesNotExist",
-                           "The specified queue does not exist for this wsdl version.")
+                           "The specified queue does not exist.")
         return None
 
     def new_record(self, name, attributes):

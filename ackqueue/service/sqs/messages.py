@@ -146,11 +146,11 @@ async def send_message(sqs, call):
     return await _put(sqs, name, _check_send(sqs, call, rec, name, call.params))
 
 
-def _entries(params, key):
+def _entries(params, key, action):
     entries = params.get(key)
     if not entries:
         raise SqsError("EmptyBatchRequest" if entries == [] else "MissingParameter",
-                       f"There should be at least one {key[:-7] or key} in the request."
+                       f"There should be at least one {action}RequestEntry in the request."
                        if entries == [] else f"The request must contain the parameter {key}.")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise SqsError("InvalidParameterValue", f"{key} must be a list of structures")
@@ -164,9 +164,11 @@ def _entries(params, key):
             raise SqsError("InvalidBatchEntryId",
                            "A batch entry id can only contain alphanumeric characters, "
                            "hyphens and underscores. It can be at most 80 letters long.")
-    if len(set(ids)) != len(ids):
-        raise SqsError("BatchEntryIdsNotDistinct",
-                       "Two or more batch entries in the request have the same Id.")
+    seen = set()
+    for i in ids:
+        if i in seen:
+            raise SqsError("BatchEntryIdsNotDistinct", f"Id {i} repeated.")
+        seen.add(i)
     return entries
 
 
@@ -178,7 +180,17 @@ def _failed(entry_id, exc):
 async def send_message_batch(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     rec = await sqs.record(name)
-    entries = _entries(call.params, "Entries")
+    entries = _entries(call.params, "Entries", "SendMessageBatch")
+    if is_fifo(name):          # SQS refuses the whole batch for these, not an entry
+        for e in entries:
+            if not e.get("MessageGroupId"):
+                raise SqsError("MissingParameter", "The request must contain the parameter "
+                                                   "MessageGroupId.")
+            if not e.get("MessageDeduplicationId") and rec["attributes"].get(
+                    "ContentBasedDeduplication") != "true":
+                raise SqsError("InvalidParameterValue",
+                               "The queue should either have ContentBasedDeduplication "
+                               "enabled or MessageDeduplicationId provided explicitly")
     total = sum(len(str(e.get("MessageBody", "")).encode()) for e in entries)
     if total > 1048576:
         raise SqsError("BatchRequestTooLong",

@@ -34,8 +34,8 @@ def _check_name(name, what):
     if (not isinstance(name, str) or not _NAME.match(name) or name.startswith(".")
             or name.endswith(".") or ".." in name
             or name.lower().startswith(("aws.", "amazon."))):
-        _bad(f"{what} name '{name}' is invalid: up to 256 characters among A-Z a-z 0-9 _ - "
-             ".; not starting with AWS. or Amazon., nor starting, ending or repeating '.'")
+        _bad(f"The message attribute name '{name}' is invalid. Attribute name can contain "
+             "A-Z, a-z, 0-9, underscore (_), hyphen (-), and period (.) characters.")
 
 
 def validate(attributes, what="Message (user) attribute"):
@@ -57,8 +57,8 @@ def validate(attributes, what="Message (user) attribute"):
         if not dtype:
             _bad(f"{what} '{name}' must contain a non-empty attribute type.")
         if not isinstance(dtype, str) or not _TYPE.match(dtype):
-            _bad(f"{what} '{name}' has an invalid message attribute type, the set of "
-                 "supported type prefixes is Binary, Number, and String.")
+            _bad(f"The message attribute '{name}' has an invalid message attribute type, the "
+                 "set of supported type prefixes is Binary, Number, and String.")
         if "StringListValues" in a or "BinaryListValues" in a:
             raise SqsError("UnsupportedOperation",
                            f"{what} '{name}': list values are not supported by SQS")

@@ -6,7 +6,7 @@ __all__ = ["required", "integer", "string_list", "queue_name_of_url"]
 
 def required(params, key):
     value = params.get(key)
-    if value is None or value == "":
+    if value is None or value in ("", {}, []):
         raise SqsError("MissingParameter", f"The request must contain the parameter {key}.")
     return value
 

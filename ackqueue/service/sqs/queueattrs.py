@@ -1,6 +1,7 @@
 """SQS queue attributes: which exist, their defaults, how a CreateQueue or
 SetQueueAttributes value is checked, and the queue names, URLs and ARNs SDKs parse."""
 import json
+import os
 import re
 
 from .errors import SqsError
@@ -8,12 +9,14 @@ from .errors import SqsError
 __all__ = ["DEFAULTS", "check_name", "check_attributes", "arn", "name_of_arn", "ACCOUNT",
            "REGION"]
 
-ACCOUNT = "000000000000"
+# The account id in queue URLs and ARNs (SDKs parse it; nothing checks it):
+# ACKQUEUE_SQS_ACCOUNT overrides it, e.g. 123456789012, what moto's tests expect.
+ACCOUNT = os.environ.get("ACKQUEUE_SQS_ACCOUNT", "000000000000")
 REGION = "us-east-1"
 _QUEUE = re.compile(r"[A-Za-z0-9_\-]{1,80}\Z")
 _FIFO_QUEUE = re.compile(r"[A-Za-z0-9_\-]{1,75}\.fifo\Z")
 
-DEFAULTS = {"DelaySeconds": "0", "MaximumMessageSize": "262144",
+DEFAULTS = {"DelaySeconds": "0", "MaximumMessageSize": "1048576",
             "MessageRetentionPeriod": "345600", "ReceiveMessageWaitTimeSeconds": "0",
             "VisibilityTimeout": "30", "SqsManagedSseEnabled": "true"}
 FIFO_DEFAULTS = {"FifoQueue": "true", "ContentBasedDeduplication": "false",

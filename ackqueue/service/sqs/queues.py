@@ -151,7 +151,7 @@ async def tag_queue(sqs, call):
     merged = dict(rec["tags"], **tags)
     if len(merged) > MAX_TAGS:
         raise SqsError("InvalidParameterValue",
-                       f"Too many tags added for queue {name}: at most {MAX_TAGS}.")
+                       f"Too many tags added for queue {name}.")
     await sqs.run(sqs.registry.put, name, dict(rec, tags=merged))
     return {}
 

@@ -152,8 +152,7 @@ def _unheld(m):
 def _check_receipt(receipt):
     if not isinstance(receipt, str) or not _RECEIPT.match(receipt):
         raise SqsError("ReceiptHandleIsInvalid",
-                       f"The input receipt handle \"{receipt}\" is not a valid receipt "
-                       "handle.")
+                       "The input receipt handle is invalid.")
     return receipt
 
 
@@ -193,13 +192,15 @@ async def delete_message(sqs, call):
 async def delete_message_batch(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     await sqs.record(name)
-    entries = _entries(call.params, "Entries")
+    entries = _entries(call.params, "Entries", "DeleteMessageBatch")
     ok, failed = [], []
     for e in entries:
         try:
             ok.append((e["Id"], _check_receipt(e.get("ReceiptHandle"))))
-        except SqsError as exc:
-            failed.append(_failed(e["Id"], exc))
+        except SqsError:
+            failed.append(_failed(e["Id"], SqsError(
+                "ReceiptHandleIsInvalid", f"The input receipt handle \"{e.get('ReceiptHandle')}"
+                                          "\" is not a valid receipt handle.")))
     await _delete(sqs, name, [r for _, r in ok])
     return {"Successful": [{"Id": i} for i, _ in ok], "Failed": failed}
 
@@ -245,7 +246,7 @@ async def change_message_visibility_batch(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     await sqs.record(name)
     ok, failed = [], []
-    for e in _entries(call.params, "Entries"):
+    for e in _entries(call.params, "Entries", "ChangeMessageVisibilityBatch"):
         try:
             seconds = integer(e, "VisibilityTimeout", None, 0, MAX_VISIBILITY)
             if seconds is None:
