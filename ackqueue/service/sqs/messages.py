@@ -1,30 +1,28 @@
-"""SQS's message actions: SendMessage(+Batch), ReceiveMessage, DeleteMessage(+Batch),
-ChangeMessageVisibility(+Batch), through the library's queues: a send is one put (a batch's
-entries concurrently, so they share group commits), answered once durable; a receive is the
-service's long poll over non-blocking gets; a delete is an ack."""
+"""SQS's sends, SendMessage(+Batch), through the library's queues: a send is one put of
+the body as text (a batch's entries concurrently, so that they share group commits),
+answered once durable; the batch checks and the MessageId shared with receive.py (which
+has ReceiveMessage, DeleteMessage and ChangeMessageVisibility)."""
 import asyncio
 import hashlib
 import re
 import uuid
 
 from ackqueue import codec
-from ackqueue.errors import DuplicateMessage, NotHeld
+from ackqueue.errors import DuplicateMessage
 from ackqueue.state import PutOptions
 from ackqueue import store
 
 from . import msgattrs
 from .digest import md5_of_attributes, md5_of_body
 from .errors import SqsError
-from .params import integer, queue_name_of_url, required, string_list
+from .params import integer, queue_name_of_url
 from .queueattrs import is_fifo
 
 __all__ = ["ACTIONS"]
 
 MAX_BATCH = 10
-MAX_VISIBILITY = 43200
 DEDUP_WINDOW = 300.0
 _NS = uuid.UUID("6b1d3c2e-5f0a-4c8e-9a51-0d7e2f4b8c19")
-_RECEIPT = re.compile(r"\d+\.[A-Za-z0-9_\-]{24}\Z")
 _ENTRY_ID = re.compile(r"[A-Za-z0-9_\-]{1,80}\Z")
 _BAD_CHARS = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 SYSTEM_NAMES = ("SenderId", "SentTimestamp", "ApproximateReceiveCount",
@@ -75,9 +73,30 @@ def _check_send(sqs, call, rec, name, p):
                        f"One or more parameters are invalid. Reason: Message must be shorter "
                        f"than {limit} bytes.")
     fifo = is_fifo(name)
+    delay, group, dedup = _fifo_fields(p, attrs, data, fifo)
+    trace = system_in.get("AWSTraceHeader", {}).get("StringValue")
+    s = _Send()
+    s.body = codec.mark(codec.TEXT, data)
+    s.opts = PutOptions(store.DEFAULT_PRIORITY, float(delay),
+                        float(attrs["MessageRetentionPeriod"]),
+                        msgattrs.to_store(user, {"group": group if fifo else None,
+                                                 "dedup": dedup, "trace": trace,
+                                                 "sender": call.key_id}),
+                        DEDUP_WINDOW)
+    s.dedup = dedup
+    s.md5 = md5_of_body(data)
+    s.md5_attrs = md5_of_attributes(user)
+    s.md5_system = md5_of_attributes(system_in)
+    s.fifo_group = group if fifo else None
+    return s
+
+
+def _fifo_fields(p, attrs, data, fifo):
+    """(delay, message group, dedup id) of a send: a FIFO queue needs a group and a dedup
+    id (or ContentBasedDeduplication: the body's SHA-256) and takes no per-message delay;
+    a standard queue takes no dedup id."""
     delay = integer(p, "DelaySeconds", int(attrs["DelaySeconds"]), 0, 900)
-    group = p.get("MessageGroupId")
-    dedup = p.get("MessageDeduplicationId")
+    group, dedup = p.get("MessageGroupId"), p.get("MessageDeduplicationId")
     if fifo:
         if p.get("DelaySeconds") not in (None, 0):
             raise SqsError("InvalidParameterValue",
@@ -103,21 +122,7 @@ def _check_send(sqs, call, rec, name, p):
                               or not re.fullmatch(r"[!-~]{1,128}", v)):
             raise SqsError("InvalidParameterValue", f"Value {v} for parameter {what} is "
                            "invalid. Reason: 1 to 128 printable ASCII characters.")
-    trace = system_in.get("AWSTraceHeader", {}).get("StringValue")
-    s = _Send()
-    s.body = codec.mark(codec.TEXT, data)
-    s.opts = PutOptions(store.DEFAULT_PRIORITY, float(delay),
-                        float(attrs["MessageRetentionPeriod"]),
-                        msgattrs.to_store(user, {"group": group if fifo else None,
-                                                 "dedup": dedup, "trace": trace,
-                                                 "sender": call.key_id}),
-                        DEDUP_WINDOW)
-    s.dedup = dedup
-    s.md5 = md5_of_body(data)
-    s.md5_attrs = md5_of_attributes(user)
-    s.md5_system = md5_of_attributes(system_in)
-    s.fifo_group = group if fifo else None
-    return s
+    return delay, group, dedup
 
 
 async def _put(sqs, name, s):
