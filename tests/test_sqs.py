@@ -346,3 +346,23 @@ def test_queue_attributes_and_tags_survive_a_sigkill_and_restart(tmp_path):
             sqs.get_queue_url(QueueName="gone")
     finally:
         s.stop()
+
+
+def test_what_sdks_read_besides_the_body(sqs):
+    """A request id on every answer, AWS's current 1 MiB default MaximumMessageSize, and
+    a FIFO batch refused whole when an entry has no MessageGroupId (moto's tests found
+    these three missing)."""
+    r = sqs.create_queue(QueueName=name("meta"))
+    assert r["ResponseMetadata"]["RequestId"]
+    url = r["QueueUrl"]
+    assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["MaximumMessageSize"])[
+        "Attributes"]["MaximumMessageSize"] == "1048576"
+    sqs.send_message(QueueUrl=url, MessageBody="x" * 300000)
+    with pytest.raises(ClientError) as e:
+        sqs.get_queue_url(QueueName=name("nothere"))
+    assert e.value.response["ResponseMetadata"]["RequestId"]
+    f = sqs.create_queue(QueueName=name("metaf") + ".fifo", Attributes={
+        "FifoQueue": "true", "ContentBasedDeduplication": "true"})["QueueUrl"]
+    with pytest.raises(ClientError) as e:
+        sqs.send_message_batch(QueueUrl=f, Entries=[{"Id": "a", "MessageBody": "x"}])
+    assert code(e) == "MissingParameter"

@@ -28,10 +28,11 @@ from .params import queue_name_of_url
 from .queueattrs import REGION, name_of_arn
 from .sigv4 import verify
 
-__all__ = ["add_routes"]
+__all__ = ["add_routes", "SQS_FRONT"]
 
 log = logging.getLogger("ackqueue.service.sqs")
 PREFIX = "AmazonSQS."
+SQS_FRONT = web.AppKey("sqs", SqsFront)
 ACTIONS = {**queues.ACTIONS, **messages.ACTIONS, **receive.ACTIONS, **redrive.ACTIONS}
 
 
@@ -116,7 +117,7 @@ class Handler:
 def add_routes(app, api, auth=None):
     """Register the SQS endpoint (POST /) on app; make_app calls this."""
     front = SqsFront(api)
-    app["sqs"] = front
+    app[SQS_FRONT] = front
     app.on_cleanup.insert(0, front.close)
     app.router.add_post("/", Handler(front, auth))
     return front
