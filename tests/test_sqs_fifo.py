@@ -120,3 +120,4 @@ def test_fifo_rules(sqs):
         sqs.send_message(QueueUrl=f, MessageBody="x", MessageGroupId="g",
                          MessageDeduplicationId="d", DelaySeconds=5)
     assert e.value.response["Error"]["Code"] == "InvalidParameterValue"
+

@@ -7,12 +7,11 @@ connection with no deadline (so they stay in flight in the library until deleted
 crash gives them back on the next open), keeps them in ``pending`` in queue order, and
 hands them to SQS receivers group by group, with its own visibility deadlines and receive
 counts.  A delete acknowledges the library delivery; a deadline passing, a visibility
-change to 0 or a 0 visibility timeout put the message back in ``pending`` at its place.
+change to 0 or a 0 visibility timeout put the message back in ``pending`` at its place
+(the receive and visibility change schedule a wake-up of long polls at the deadline).
 
 What differs from SQS, said here and in the README: a staged message is in flight for the
-other fronts (native, Sasquatch, Python) until SQS deletes it; a long poll is woken by
-sends and deletes, and by its own end, but not by a FIFO visibility deadline passing; a
-message moved to a FIFO dead-letter queue is copied there and then deleted (two commits: a
+other fronts (native, Sasquatch, Python) until SQS deletes it; a message moved to a FIFO dead-letter queue is copied there and then deleted (two commits: a
 crash between them leaves it in both queues, never in neither).
 
 Every method runs in a pool thread with the queue's ClientConn lock held, except ``wake``.

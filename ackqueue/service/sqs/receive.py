@@ -134,6 +134,8 @@ async def _receive_fifo(sqs, call, name, q, cc, n, vt, wait, policy, wanted_syst
                              lambda: st.take(cc, n, vt, mr, target), wait, give_back=False)
     if not got:
         return {}
+    if vt > 0:
+        _wake_after(sqs, name, vt)
     out = []
     for receipt, m, count in got:
         j = _message_json(call, name, receipt, m, wanted_system, wanted_attrs)
@@ -141,6 +143,12 @@ async def _receive_fifo(sqs, call, name, q, cc, n, vt, wait, policy, wanted_syst
             j["Attributes"]["ApproximateReceiveCount"] = str(count)
         out.append(j)
     return {"Messages": out}
+
+
+def _wake_after(sqs, name, seconds):
+    """Wake name's long polls when a FIFO visibility deadline passes (the library's
+    next_ready_at does not know the front's deadlines)."""
+    sqs.api.loop.call_later(seconds + 0.01, sqs.api._wake, name)
 
 
 def _unheld(m):
@@ -213,6 +221,8 @@ async def _change(sqs, name, receipt, seconds):
                                                  "for visibility timeout change.")
         if seconds <= 0:
             sqs.api._wake(name)
+        else:
+            _wake_after(sqs, name, seconds)
         return
     d = sqs.delivery(name, receipt)
     if d is None:
