@@ -366,3 +366,22 @@ def test_what_sdks_read_besides_the_body(sqs):
     with pytest.raises(ClientError) as e:
         sqs.send_message_batch(QueueUrl=f, Entries=[{"Id": "a", "MessageBody": "x"}])
     assert code(e) == "MissingParameter"
+
+
+def test_add_and_remove_permission_write_the_queue_policy(sqs):
+    url = sqs.create_queue(QueueName=name("perm"))["QueueUrl"]
+    sqs.add_permission(QueueUrl=url, Label="a", AWSAccountIds=["111111111111"],
+                       Actions=["SendMessage"])
+    policy = json.loads(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["Policy"])[
+        "Attributes"]["Policy"])
+    assert [(s["Sid"], s["Action"], s["Principal"]["AWS"]) for s in policy["Statement"]] == [
+        ("a", "SQS:SendMessage", "arn:aws:iam::111111111111:root")]
+    with pytest.raises(ClientError) as e:
+        sqs.add_permission(QueueUrl=url, Label="a", AWSAccountIds=["1"], Actions=["*"])
+    assert code(e) == "InvalidParameterValue"
+    sqs.remove_permission(QueueUrl=url, Label="a")
+    assert "Policy" not in sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])[
+        "Attributes"]
+    with pytest.raises(ClientError) as e:
+        sqs.remove_permission(QueueUrl=url, Label="a")
+    assert code(e) == "InvalidParameterValue"

@@ -6,7 +6,7 @@ through SQS is the one the native API, Sasquatch's API and the Python drop-in se
 Modules: ``errors`` (SQS's error shape and codes), ``sigv4`` (signature verification),
 ``queueattrs`` (queue attributes, names, ARNs), ``registry`` (their durable record),
 ``msgattrs`` and ``digest`` (message attributes and their MD5), ``front`` (the state),
-``queues``, ``messages``, ``receive`` and ``redrive`` (the actions).
+``queues``, ``messages``, ``receive``, ``redrive`` and ``permissions`` (the actions).
 
 Auth: with ``--auth FILE``, a request must be signed (SigV4) with a client's name as access
 key id and its ``secret`` as secret key, and the client needs the action's right on the
@@ -21,7 +21,7 @@ import uuid
 
 from aiohttp import web
 
-from . import queues, messages, receive, redrive
+from . import messages, permissions, queues, receive, redrive
 from .errors import CONTENT_TYPE, SqsError, error_response
 from .front import Call, SqsFront
 from .params import queue_name_of_url
@@ -33,7 +33,8 @@ __all__ = ["add_routes", "SQS_FRONT"]
 log = logging.getLogger("ackqueue.service.sqs")
 PREFIX = "AmazonSQS."
 SQS_FRONT = web.AppKey("sqs", SqsFront)
-ACTIONS = {**queues.ACTIONS, **messages.ACTIONS, **receive.ACTIONS, **redrive.ACTIONS}
+ACTIONS = {**queues.ACTIONS, **messages.ACTIONS, **receive.ACTIONS, **redrive.ACTIONS,
+           **permissions.ACTIONS}
 
 
 def _queues_of(params, where):
