@@ -135,6 +135,20 @@ async def _put(sqs, name, s):
         [mid] = await sqs.run(put)
     except DuplicateMessage as exc:         # FIFO: a duplicate is accepted, not stored
         mid = exc.original_id if exc.original_id is not None else 0
+    return _answer(name, s, mid)
+
+
+async def _put_same(sqs, name, sends):
+    """Messages of a standard queue with the same options (no dedup ids) in one put_many,
+    so one commit; their answers in order."""
+    q, _ = await sqs.queue(name)
+    opts = sends[0].opts
+    ids = await sqs.run(lambda: q._conn().put_many([s.body for s in sends], False, None,
+                                                    opts=opts, encoded=True))
+    return [_answer(name, s, mid) for s, mid in zip(sends, ids)]
+
+
+def _answer(name, s, mid):
     out = {"MessageId": message_id(name, mid), "MD5OfMessageBody": s.md5}
     if s.md5_attrs:
         out["MD5OfMessageAttributes"] = s.md5_attrs
@@ -202,17 +216,38 @@ async def send_message_batch(sqs, call):
                        f"Batch requests cannot be longer than 1048576 bytes. You have sent "
                        f"{total} bytes.")
 
-    async def one(e):
-        try:
-            return e["Id"], await _put(sqs, name, _check_send(sqs, call, rec, name, e)), None
-        except SqsError as exc:
-            return e["Id"], None, exc
     if is_fifo(name):        # one after another: their sequence numbers keep their order
-        results = [await one(e) for e in entries]
+        results = []
+        for e in entries:
+            try:
+                results.append((e["Id"], await _put(sqs, name, _check_send(
+                    sqs, call, rec, name, e)), None))
+            except SqsError as exc:
+                results.append((e["Id"], None, exc))
     else:
-        results = await asyncio.gather(*(one(e) for e in entries))
+        results = await _standard_batch(sqs, call, rec, name, entries)
     return {"Successful": [dict(Id=i, **ok) for i, ok, _ in results if ok is not None],
             "Failed": [_failed(i, exc) for i, _, exc in results if exc is not None]}
+
+
+async def _standard_batch(sqs, call, rec, name, entries):
+    """[(entry id, answer or None, SqsError or None)]: the valid entries with the same
+    options (delay, retention, attributes) go in one put_many each, concurrently."""
+    checked, groups = [], {}
+    for e in entries:
+        try:
+            s = _check_send(sqs, call, rec, name, e)
+        except SqsError as exc:
+            checked.append((e["Id"], None, exc))
+            continue
+        checked.append((e["Id"], s, None))
+        groups.setdefault((s.opts.delay, s.opts.retention, s.opts.attributes), []).append(s)
+    answers = {}
+    for sends, outs in zip(groups.values(), await asyncio.gather(
+            *(_put_same(sqs, name, sends) for sends in groups.values()))):
+        answers.update((id(s), out) for s, out in zip(sends, outs))
+    return [(i, None, exc) if exc is not None else (i, answers[id(s)], None)
+            for i, s, exc in checked]
 
 
 ACTIONS = {
