@@ -12,11 +12,12 @@ setup(
                       "BTrees>=4.11", "click>=8.1"],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "aiohttp>=3.9",
-                 "click>=8.1", "rich>=13", "prometheus_client>=0.17", "schemathesis>=4"],
+                 "click>=8.1", "rich>=13", "prometheus_client>=0.17", "schemathesis>=4",
+                 "boto3>=1.34", "awscli>=1.32"],
         "service": ["aiohttp>=3.9", "prometheus_client>=0.17"],
         "cli": ["rich>=13"],
         "bench": ["persist-queue>=1.0", "litequeue>=0.9", "matplotlib>=3.7", "psutil>=5.9",
-                  "aiohttp>=3.9"],
+                  "aiohttp>=3.9", "boto3>=1.34", "moto[server]>=5"],
     },
     entry_points={"console_scripts": ["ackqueue=ackqueue.cli:main"]},
 )

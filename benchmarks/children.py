@@ -32,6 +32,9 @@ def child_main(argv):
              "fill": f_scale.child_fill, "open": f_scale.child_open,
              "xwake": e_xproc.child_xwake, "gprod": g_processes.child_producer,
              "gcons": g_processes.child_consumer, "gdrain": g_processes.child_drain}
+    from benchmarks.scenarios import sqs
+    from benchmarks.contenders.sqs import null_server_main
+    tasks.update(qprod=sqs.child_producer, qcons=sqs.child_consumer, qnull=null_server_main)
     task = tasks.get(argv[0])
     if task is None:
         raise SystemExit(f"unknown child task {argv[0]!r}")

@@ -82,6 +82,8 @@ ROUTES = {
     ("POST", "/queue_length"): ("read", "body"),
     ("POST", "/delete_all"): ("admin", "body"),
     ("GET", "/queues"): ("read", "all"),
+    # SQS's JSON protocol: signed with SigV4, checked by ackqueue.service.sqs itself
+    ("POST", "/"): None,
 }
 _UNKNOWN = ("admin", "all")
 
@@ -100,10 +102,11 @@ def _error(status, code, message, challenge=None):
 
 
 class Client:
-    __slots__ = ("name", "digest", "rights")
+    __slots__ = ("name", "digest", "rights", "secret")
 
-    def __init__(self, name, digest, rights):
+    def __init__(self, name, digest, rights, secret=None):
         self.name, self.digest, self.rights = name, digest, rights
+        self.secret = secret      # given as "secret": SQS's SigV4 needs it (key id: name)
 
     def may(self, right, queue):
         """Whether this client has right on the queue named queue ("*": every queue)."""
@@ -278,7 +281,7 @@ def load_auth(path):
                                     f"{', '.join(RIGHTS)}")
                     continue
                 rights.append((pattern, frozenset(granted)))
-        clients[name] = Client(name, digest, rights)
+        clients[name] = Client(name, digest, rights, spec.get("secret"))
     if problems:
         raise ValueError(f"the auth file {path}: " + "; ".join(problems))
     return Auth(clients)

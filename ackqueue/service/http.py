@@ -659,6 +659,8 @@ def make_app(service, *, pool_size=64, max_body=1 << 20, client_timeout=60.0,
     stats.add_routes(app, api)                  # /stats, /stats.json, /metrics (stats.py)
     from .sasquatch import add_routes as add_sasquatch_routes
     add_sasquatch_routes(app, api, sasquatch)   # Sasquatch's API on the same port
+    from .sqs import add_routes as add_sqs_routes
+    add_sqs_routes(app, api, auth)              # the SQS JSON protocol on POST / (sqs/)
     if auth is not None:                        # outermost: before anything else runs
         app.middlewares.insert(0, auth.middleware)
     return app

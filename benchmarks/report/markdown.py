@@ -200,6 +200,9 @@ def _scenario(key, sc, report):
     if key == "service":
         from benchmarks.report.markdown_service import markdown_service
         return markdown_service(sc, report)
+    if key == "sqs":
+        from benchmarks.report.markdown_sqs import markdown_sqs
+        return markdown_sqs(sc)
     cols = TABLE_COLUMNS[key]
     lines = [sc["description"], ""] + _table(sc, cols)
     if key == "d":

@@ -1,0 +1,85 @@
+"""StartMessageMoveTask, ListMessageMoveTasks, CancelMessageMoveTask: moving a dead-letter
+queue's messages back to the queues they came from (or to DestinationArn), through the
+library's redrive (queue.redrive).  A task runs to its end before StartMessageMoveTask
+answers (the move is a few commits), so it is COMPLETED when listed."""
+import uuid
+
+from .errors import SqsError
+from .params import required
+from .queueattrs import name_of_arn, redrive_of
+
+__all__ = ["ACTIONS"]
+
+
+async def _sources_of(sqs, name):
+    found = []
+    for n in await sqs.names():
+        rec = await sqs.record(n, must_exist=False)
+        if rec is not None and redrive_of(rec["attributes"])[1] == name:
+            found.append(n)
+    return found
+
+
+def _queue_of(arn_value, what):
+    name = name_of_arn(arn_value)
+    if name is None:
+        raise SqsError("InvalidParameterValue", f"Value {arn_value} for parameter {what} is "
+                                                "invalid. Reason: not an SQS queue ARN.")
+    return name
+
+
+async def start_message_move_task(sqs, call):
+    source_arn = required(call.params, "SourceArn")
+    source = _queue_of(source_arn, "SourceArn")
+    if await sqs.record(source, must_exist=False) is None:
+        raise SqsError("ResourceNotFoundException", "The resource that you specified for "
+                                                    "the SourceArn parameter doesn't exist.")
+    if not await _sources_of(sqs, source):
+        raise SqsError("InvalidParameterValue", "Source queue must be configured as a Dead "
+                                                "Letter Queue.")
+    dest_arn = call.params.get("DestinationArn")
+    dest = None
+    if dest_arn:
+        dest = _queue_of(dest_arn, "DestinationArn")
+        await sqs.record(dest)
+    q, _ = await sqs.queue(source)
+    if dest is not None:
+        await sqs.queue(dest)
+    before = await sqs.run(q.counts)
+    moved = await sqs.run(lambda: q.redrive(to=dest))
+    handle = str(uuid.uuid4())
+    task = {"TaskHandle": handle, "Status": "COMPLETED", "SourceArn": source_arn,
+            "ApproximateNumberOfMessagesMoved": moved,
+            "ApproximateNumberOfMessagesToMove": before.get("ready", 0),
+            "StartedTimestamp": int(sqs.clock() * 1000)}
+    if dest_arn:
+        task["DestinationArn"] = dest_arn
+    if call.params.get("MaxNumberOfMessagesPerSecond") is not None:
+        task["MaxNumberOfMessagesPerSecond"] = call.params["MaxNumberOfMessagesPerSecond"]
+    sqs.tasks.setdefault(source_arn, []).insert(0, task)
+    return {"TaskHandle": handle}
+
+
+async def list_message_move_tasks(sqs, call):
+    source_arn = required(call.params, "SourceArn")
+    await sqs.record(_queue_of(source_arn, "SourceArn"))
+    limit = call.params.get("MaxResults") or 1
+    return {"Results": [{k: v for k, v in t.items() if k != "TaskHandle"}
+                        for t in sqs.tasks.get(source_arn, [])[:int(limit)]]}
+
+
+async def cancel_message_move_task(sqs, call):
+    handle = required(call.params, "TaskHandle")
+    for tasks in sqs.tasks.values():
+        for t in tasks:
+            if t["TaskHandle"] == handle:
+                raise SqsError("UnsupportedOperation",
+                               "Only active tasks can be cancelled: this task has completed.")
+    raise SqsError("ResourceNotFoundException", "Task does not exist.")
+
+
+ACTIONS = {
+    "StartMessageMoveTask": (start_message_move_task, "admin", "arn:SourceArn"),
+    "ListMessageMoveTasks": (list_message_move_tasks, "read", "arn:SourceArn"),
+    "CancelMessageMoveTask": (cancel_message_move_task, "admin", None),
+}
