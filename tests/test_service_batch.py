@@ -267,3 +267,34 @@ def test_redrive_pack_and_batch_rights_under_auth(service, tmp_path):
     assert call("POST", "/v1/batch", BOB, acks) == 403             # acks need read
     assert call("POST", "/v1/batch", ALICE, acks) == 410           # allowed; unknown
     s.stop()
+
+
+def test_identical_batches_at_once_store_once_and_all_answer_200(service):
+    """A client that times out and resends while its first batch is still committing:
+    the resent batch waits for the first and answers its ids (duplicate), never a 409
+    about its own receipts being acknowledged already."""
+    import threading
+    s = service()
+    s.put("pages", b"p1")
+    [m] = s.receive("pages", "c1", "visibility_timeout=3600")
+    doc_in = {"idempotency_key": "k", "puts": [text_put("links", str(i)) for i in range(50)],
+              "acks": [ack("pages", m)]}
+    answers = []
+    barrier = threading.Barrier(6)
+
+    def send():
+        conn = s.conn()
+        barrier.wait()
+        answers.append(s.call(
+            "POST", "/v1/batch", json.dumps(doc_in).encode(),
+            {"Content-Type": "application/json"}, conn=conn))
+    threads = [threading.Thread(target=send) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [status for status, _ in answers] == [200] * 6, answers
+    assert sum(1 for _, doc in answers if not doc.get("duplicate")) == 1
+    assert len({tuple(doc["ids"]) for _, doc in answers}) == 1
+    assert counts(s, "links") == (50, 0) and counts(s, "pages") == (0, 0)
+    s.stop()

@@ -26,6 +26,7 @@ twice: when every keyed put of a batch is found already stored (within the queue
 window), the answer is the original ids with ``"duplicate": true``; its acks were made by
 the first attempt, in the same commit.
 """
+import asyncio
 import base64
 import binascii
 import json
@@ -272,6 +273,7 @@ class Batch:
     def __init__(self, api):
         self.api = api
         self.service = api.service
+        self.running = {}             # (queue, idempotency dedup id) -> Future of its batch
 
     async def handle(self, request):
         api = self.api
@@ -282,10 +284,16 @@ class Batch:
             if p.queue not in queues:
                 queues[p.queue] = await api.queue(p.queue)
         keyed = [(i, p) for i, p in enumerate(puts) if p.idempotent]
-        if keyed:
-            done = await self._already_done(queues, puts, keyed)
-            if done is not None:
-                return done
+        done, mine = await self._claim_keys(queues, puts, keyed)
+        if done is not None:
+            return done
+        try:
+            return await self._apply(queues, puts, acks, client, kept, keyed)
+        finally:
+            self._release_keys(keyed, mine)
+
+    async def _apply(self, queues, puts, acks, client, kept, keyed):
+        api = self.api
         ack_found = self._resolve(acks)
         session, kept_found = self._check_lease(client, kept)
         for _, _, d in ack_found + kept_found:
@@ -310,6 +318,35 @@ class Batch:
                 session.last_seen = self.service.leases.clock()
         self.service.forget([r for _, r, _ in ack_found])
         return web.json_response({"ids": [int(i) for i in ids], "acked": len(ack_found)})
+
+    async def _claim_keys(self, queues, puts, keyed):
+        """(the answer to a retried batch, None) or (None, the Future this batch holds its
+        idempotency keys with).  A batch with the same keys still in progress (a client
+        that timed out and resent) is waited for first, then answered as a retry."""
+        keys = [(p.queue, p.dedup_id) for _, p in keyed]
+        while keys:
+            busy = {id(f): f for f in (self.running.get(k) for k in keys) if f is not None}
+            if busy:
+                await asyncio.wait(list(busy.values()))
+                continue
+            done = await self._already_done(queues, puts, keyed)
+            if done is not None:
+                return done, None
+            if any(k in self.running for k in keys):
+                continue                      # another one began while we looked
+            mine = asyncio.get_running_loop().create_future()
+            for k in keys:
+                self.running[k] = mine
+            return None, mine
+        return None, None
+
+    def _release_keys(self, keyed, mine):
+        if mine is None:
+            return
+        for _, p in keyed:
+            if self.running.get((p.queue, p.dedup_id)) is mine:
+                del self.running[p.queue, p.dedup_id]
+        mine.set_result(None)
 
     def _resolve(self, refs):
         """[(entry, receipt, Delivery)] for receipt references; 410 for an unknown one."""
@@ -374,10 +411,15 @@ class Batch:
     async def _already_done(self, queues, puts, keyed):
         """The answer to a retried batch (every keyed put found stored), None if none
         was; 409 if only some were (the keys were used by another batch)."""
-        found = await self.api.run(lambda: [queues[p.queue].dedup_lookup(p.dedup_id)
-                                            for _, p in keyed])
+        def look():
+            return [queues[p.queue].dedup_lookup(p.dedup_id) for _, p in keyed]
+        found = await self.api.run(look)
         if not any(f is not None for f in found):
             return None
+        if not all(f is not None for f in found):
+            # Each lookup reads its own snapshot: a batch with these keys that committed
+            # while we looked shows in some of them.  Its commit was one: look again.
+            found = await self.api.run(look)
         if not all(f is not None for f in found):
             i = keyed[[f is not None for f in found].index(True)][0]
             raise _bad(f"puts[{i}]", "this idempotency key was used by a batch that put "
