@@ -195,7 +195,7 @@ def dead_letter_one(s, body):
     assert s.call("POST", "/send", json.dumps({"queue_name": "jobs",
                                                 "message_body": body}))[0] == 200
     rule = {"queue_name": "jobs", "max_receives": 1, "dead_letter_queue_name": "jobs-dlq",
-            "visibility_timeout": 600}
+            "visibility_timeout": 600, "wait_time_seconds": 0}
     status, doc = s.call("POST", "/receive", json.dumps(rule))
     [m] = doc["messages"]
     s.call("POST", "/change_visibility", json.dumps({

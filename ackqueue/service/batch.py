@@ -287,12 +287,17 @@ class Batch:
         done, mine = await self._claim_keys(queues, puts, keyed)
         if done is not None:
             return done
+        commit = []                           # the commit's future, once it began
         try:
-            return await self._apply(queues, puts, acks, client, kept, keyed)
+            return await self._apply(queues, puts, acks, client, kept, keyed, commit)
         finally:
-            self._release_keys(keyed, mine)
+            if commit and not commit[0].done():   # its client left: the commit goes on,
+                commit[0].add_done_callback(      # and its keys are held until it ends
+                    lambda _: self._release_keys(keyed, mine))
+            else:
+                self._release_keys(keyed, mine)
 
-    async def _apply(self, queues, puts, acks, client, kept, keyed):
+    async def _apply(self, queues, puts, acks, client, kept, keyed, commit):
         api = self.api
         ack_found = self._resolve(acks)
         session, kept_found = self._check_lease(client, kept)
@@ -304,7 +309,9 @@ class Batch:
         if session is not None:
             session.active += 1               # its lease cannot end during the commit
         try:
-            ids = await api.run(self._commit, queues, puts, ack_found, kept_found)
+            commit.append(api.loop.run_in_executor(api.pool, self._commit, queues, puts,
+                                                   ack_found, kept_found))
+            ids = await asyncio.shield(commit[0])
         except DuplicateMessage as exc:
             done = await self._already_done(queues, puts, keyed) if keyed else None
             if done is not None:
