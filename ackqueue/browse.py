@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from . import codec, store
 from .message import MessageId
 
-__all__ = ["BrowsedMessage", "browse", "READY", "DELAYED", "IN_FLIGHT"]
+__all__ = ["BrowsedMessage", "browse", "browse_after", "READY", "DELAYED", "IN_FLIGHT"]
 
 READY, DELAYED, IN_FLIGHT = "ready", "delayed", "in_flight"
 GC_EVERY = 1024          # messages read between two trims of the snapshot's object cache
@@ -85,6 +85,51 @@ def browse(state, allowed=None):
     finally:
         tm.abort()
         conn.close()
+
+
+def browse_after(state, after, allowed=None):
+    """Yield a BrowsedMessage for every message of state's queue whose id is greater than
+    after, in id order (not delivery order), each with its current state.  Finding the
+    start costs O(log n) (a start key into the message index), and each message yielded
+    reads only itself: a page of a large queue costs its own size, so paging through a
+    queue is linear overall.  Not one snapshot across pages: each call opens its own."""
+    tm, conn = state.snapshot()
+    try:
+        rec = conn.root()[store.ROOT_KEY].queues[state.name]
+        now = state.clock()
+        count = 0
+        for seq in rec.messages.keys(min=int(after) + 1):
+            msg = rec.messages.get(seq)
+            if msg is None:
+                continue
+            what, when, receive_count = _state_of(state, rec, seq, msg)
+            yield _browsed(state.name, rec, seq, msg, what, when, receive_count, now,
+                           allowed)
+            count += 1
+            if count % GC_EVERY == 0:
+                conn.cacheGC()
+    finally:
+        tm.abort()
+        conn.close()
+
+
+def _state_of(state, rec, seq, msg):
+    """(state, visible_at or deadline, receive count or None) of one message."""
+    with state.mutex:
+        h = state.inflight.get(seq)
+        if h is not None:
+            return IN_FLIGHT, h.deadline, h.receive_count
+    if msg.holder is not None:
+        leased = rec.leased.get(msg.holder) if rec.leased is not None else None
+        deadline = leased.get(seq) if leased is not None else None
+        return IN_FLIGHT, deadline or None, None
+    deadline = rec.inflight.get(seq)
+    if deadline is not None:
+        return IN_FLIGHT, deadline or None, None
+    visible_at = rec.delayed.get(seq)
+    if visible_at is not None:
+        return DELAYED, visible_at, None
+    return READY, None, None
 
 
 def _in_flight(rec, held):

@@ -30,7 +30,7 @@ from .state import DEFAULT_PUT, Ask, MessageMissing, Meta, check_timeout
 
 log = logging.getLogger(__name__)
 
-__all__ = ["QueueConnection", "TransactionBlock"]
+__all__ = ["QueueConnection", "TransactionBlock", "commit_blocks"]
 
 DEFAULT = object()          # "use the queue's default visibility timeout"
 
@@ -183,6 +183,72 @@ class TransactionBlock:
         self.finished = True
         self.conn._state.txn_rolled_back(self, why)
         _forget(self.got)
+
+
+def commit_blocks(blocks, keep=()):
+    """Commit the transaction blocks of several queues of one database as one commit: all
+    of it, or (an exception) none of it.  Each block must have been opened in the calling
+    thread (q.transaction()) and not left yet; this ends them all.
+
+    keep: deliveries (Holdings) that must still be live when the commit is made, without
+    being acknowledged: StaleAck if one is not, and none of them can be given back while
+    the commit is written (a deadline that passes meanwhile gives it back after).
+    Raises ValueError (nothing done) for queues of different databases."""
+    states = [b.conn._state for b in blocks]
+    committer = states[0].committer
+    for b in blocks:
+        b.conn._block = None
+    if any(state.committer is not committer for state in states):
+        for b in blocks:
+            b.rollback("its queues live in different databases")
+        raise ValueError("one commit spans queues of one database only")
+    acked = {id(h) for b in blocks for h in b.holdings()}
+    kept = [(state, [h for h in hs if id(h) not in acked]) for state, hs in keep]
+    _settle_all([(b.conn._state, b.holdings()) for b in blocks] + kept, blocks)
+
+    def committed():
+        for b in blocks:
+            b.conn._state.txn_committed(b)
+        for state, hs in kept:
+            state.cancel_settle(hs)
+
+    def failed(error):
+        for b in blocks:
+            b.conn._state.txn_rolled_back(b, "its transaction failed")
+        for state, hs in kept:
+            state.cancel_settle(hs)
+    ops = [op for b in blocks for op in b.ops()]
+    try:
+        ticket = committer.submit(ops, on_commit=committed, on_fail=failed, lead=True)
+    except BaseException:
+        failed(None)
+        for b in blocks:
+            b.finished = True
+        raise
+    try:
+        ticket.wait()
+    finally:
+        for b in blocks:
+            b.finished = True
+            _forget(b.holdings())
+
+
+def _settle_all(groups, blocks):
+    """Mark every (state, holdings) group as settling, or (StaleAck) none and roll back
+    the blocks.  Only the marks made here are undone: a delivery that was being
+    acknowledged by someone else keeps its mark."""
+    marked = []
+    try:
+        for state, holdings in groups:
+            state.begin_settle(holdings)
+            marked.append((state, holdings))
+    except BaseException:
+        for state, holdings in marked:
+            state.cancel_settle(holdings)
+        for b in blocks:
+            b.acks = []               # their marks were undone above (or never made)
+            b.rollback("its transaction could not commit")
+        raise
 
 
 class _AppTransactionBlock(TransactionBlock):

@@ -46,6 +46,8 @@ class StaleAck(NotHeld, Refused):
     The message is left untouched: a late ack must never remove it from its new holder."""
 
     reason = None   # set by a shared queue's store: "acked", "given_back" or "redelivered"
+    queue = None        # the queue and id (int) of the message, when known
+    message_id = None
 
 
 class UnpicklableItem(TypeError, pickle.PicklingError):

@@ -446,14 +446,28 @@ class AckQueue(_stdlib_queue.Queue):
         self._check_open()
         return self._state.next_ready_at()
 
-    def browse(self):
+    def browse(self, *, after=None):
         """Iterate every message of the queue with its state (ready in delivery order,
         then delayed, then in flight), changing nothing: no receive is counted and nothing
         is claimed.  Yields ackqueue.browse.BrowsedMessage (id, state, item, body,
         receive_count, deadline, visible_at, attributes, age, ...); reads the store one
-        message at a time from one snapshot (see ackqueue.browse)."""
+        message at a time from one snapshot (see ackqueue.browse).
+
+        after (a message id): instead, the messages whose id is greater, in id order,
+        starting in O(log n): what a paged export reads (ackqueue.browse.browse_after)."""
         self._check_open()
-        return self._state.browse(self.allowed_classes)
+        if after is None:
+            return self._state.browse(self.allowed_classes)
+        if isinstance(after, bool) or not isinstance(after, int):
+            raise TypeError(f"after must be a message id (int), not {type(after).__name__}")
+        return self._state.browse(self.allowed_classes, after=after)
+
+    def dedup_lookup(self, dedup_id):
+        """The MessageId of the message put with dedup_id if that id still refuses a put
+        (within the queue's dedup window), else None.  Reads a fresh snapshot of the
+        store; changes nothing."""
+        self._check_open()
+        return self._state.dedup_lookup(_dedup_id(dedup_id))
 
     def ack(self, item):
         """Acknowledge a received item (the object get returned, a Message, or its id): it

@@ -566,13 +566,17 @@ class RemoteState:
 
     remove_listener = add_listener
 
-    def browse(self, allowed=None):
+    def dedup_lookup(self, dedup_id):
+        raise _unsupported("dedup_lookup()", "a put with an Idempotency-Key returns the "
+                           "original id when retried")
+
+    def browse(self, allowed=None, after=None):
         """Every message, changing nothing, through the service's paged browse (GET
         /v1/queues/NAME/browse): in id order, page by page, so not one snapshot; bodies
         keep their encoding mark (ackqueue.codec)."""
         from .browse import BrowsedMessage
         from .message import MessageId
-        after = -1
+        after = -1 if after is None else after
         while True:
             status, doc, _ = self.database.call(
                 "GET", self.database.queue_path(self.name, f"/browse?after={after}&limit=1000"))

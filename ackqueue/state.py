@@ -463,10 +463,26 @@ class QueueState:
                 self.arbiter.skip_expired(seq, key)
             return None
 
-    def browse(self, allowed=None):
-        """Every message of the queue with its state, changing nothing (ackqueue.browse)."""
-        from .browse import browse
-        return browse(self, allowed)
+    def browse(self, allowed=None, after=None):
+        """Every message of the queue with its state, changing nothing (ackqueue.browse);
+        with after, those with a greater id, in id order (browse.browse_after)."""
+        from .browse import browse, browse_after
+        return browse(self, allowed) if after is None else browse_after(self, after, allowed)
+
+    def dedup_lookup(self, dedup_id):
+        """The MessageId put with dedup_id while it still refuses a put, else None."""
+        tm, conn = self.snapshot()
+        try:
+            rec = conn.root()[store.ROOT_KEY].queues[self.name]
+            until = rec.dedup.get(dedup_id) if rec.dedup is not None else None
+            if until is None or until <= self.clock() or rec.dedup_ids is None:
+                return None
+            seq = rec.dedup_ids.get(dedup_id)
+            from .message import MessageId
+            return None if seq is None else MessageId(seq)
+        finally:
+            tm.abort()
+            conn.close()
 
     def counts(self):
         """The current sizes: {"ready", "in_flight", "delayed"}."""
@@ -535,13 +551,17 @@ class QueueState:
         """Raise StaleAck unless holding is still the live delivery of its message."""
         if self.inflight.get(holding.seq) is not holding:
             why = holding.released or "it was acknowledged already"
-            raise StaleAck(
+            exc = StaleAck(
                 f"message {holding.seq} of queue {self.name!r} is no longer held by this "
                 f"delivery (receive {holding.receive_count}): {why}. The late "
                 "acknowledgement was refused and the message left as it is")
-        if holding.settling:
-            raise StaleAck(f"message {holding.seq} of queue {self.name!r} is being "
+        elif holding.settling:
+            exc = StaleAck(f"message {holding.seq} of queue {self.name!r} is being "
                            "acknowledged already")
+        else:
+            return
+        exc.queue, exc.message_id = self.name, holding.seq
+        raise exc
 
     def begin_settle(self, holdings):
         """Mark holdings as being acknowledged; all must be current (else StaleAck)."""

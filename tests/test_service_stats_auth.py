@@ -468,7 +468,8 @@ def test_every_route_has_a_rule_and_the_figures_are_documented():
         routes = {(r.method, r.resource.canonical) for r in app.router.routes()
                   if r.method != "HEAD"}
     finally:
-        app["api"].pool.shutdown()
+        from ackqueue.service.http import API
+        app[API].pool.shutdown()
         service.close()
     assert routes and routes <= set(ROUTES), routes - set(ROUTES)
     doc = document()

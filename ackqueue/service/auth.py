@@ -47,7 +47,8 @@ _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 # (method, route) -> (right, where the queue name is): "path" {name}; "all" service-wide
 # (the right under "*"); "body" the JSON body's queue_name (Sasquatch); "batch" every
 # queue_name of the body's messages; "query" ?queue_name=; "lease" the client id in the
-# path must be the caller's; None: open.
+# path must be the caller's; "txn" an atomic batch's queues (batch.queues_named: write
+# where it puts, read where it acks); None: open.
 ROUTES = {
     ("GET", "/health"): None,
     ("GET", "/openapi.json"): None,
@@ -65,6 +66,8 @@ ROUTES = {
     ("POST", "/v1/queues/{name}/purge"): ("admin", "path"),
     ("POST", "/v1/queues/{name}/redrive"): ("admin", "path"),
     ("POST", "/v1/queues/{name}/pack"): ("admin", "path"),
+    ("POST", "/v1/batch"): ("write", "txn"),
+    ("POST", "/v1/pack"): ("admin", "all"),
     ("POST", "/v1/leases/{client}"): ("read", "lease"),
     ("DELETE", "/v1/leases/{client}"): ("read", "lease"),
     # figures
@@ -208,6 +211,10 @@ async def _queues(request, where):
         return [(request.match_info.get("name", "*"), None)]
     if where == "query":
         return [(request.query.get("queue_name") or "*", None)]
+    if where == "txn":
+        from .batch import queues_named
+        data = await request.read() if request.body_exists else b""
+        return queues_named(data, request.content_type) or [("*", None)]
     if where in ("body", "batch"):
         try:
             doc = json.loads(await request.read()) if request.body_exists else None

@@ -143,6 +143,12 @@ class Service:
                 self.queues[name] = q
             return q
 
+    def pack(self, keep_seconds=0.0):
+        """Pack the storage while the queues stay in use (blocking); a
+        maintenance.PackReport.  Packs of one storage run one at a time."""
+        from ackqueue.maintenance import pack
+        return pack(self._handle, keep_seconds=keep_seconds)
+
     def list_queues(self):
         """{name: counts} of every queue of the storage (blocking)."""
         return ackqueue.queues(self.path if self.path is not None else self._handle.db)

@@ -9,6 +9,7 @@ q.next_ready_at() says something becomes ready by itself.
 """
 import asyncio
 import base64
+import itertools
 import json
 import logging
 import math
@@ -25,7 +26,7 @@ from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 
 from .core import check_client, check_name
 
-__all__ = ["make_app", "FRAMES", "encode_frames", "decode_frames"]
+__all__ = ["make_app", "API", "FRAMES", "encode_frames", "decode_frames"]
 
 log = logging.getLogger("ackqueue.service")
 
@@ -206,6 +207,7 @@ class Api:
         self.pool = ThreadPoolExecutor(pool_size, thread_name_prefix="ackqueue-service")
         self.max_body = max_body
         self.max_batch_body = max_batch_body
+        self.route_limits = {}          # path -> its body limit (Sasquatch's routes)
         self.loop = None
         self.waiters = {}               # queue name -> set of asyncio.Event
         self.listening = set()          # queue names with a ready listener
@@ -283,6 +285,24 @@ class Api:
                 session.active -= 1
                 session.last_seen = self.service.leases.clock()
 
+    @web.middleware
+    async def body_limits(self, request, handler):
+        """With --auth, outermost: a body past the limit gets its 413 (connection closed)
+        and a stalled one its 408 before the auth middleware reads it for queue names."""
+        if request.body_exists:
+            try:
+                await self._read_body(request)
+            except ApiError as exc:
+                resp = error_response(exc.status, exc.code, exc.message)
+                resp.force_close()
+                return resp
+            except web.HTTPRequestEntityTooLarge:
+                resp = error_response(413, "MessageSizeExceeded",
+                                      "the request body is over the limit")
+                resp.force_close()
+                return resp
+        return await handler(request)
+
     async def _read_body(self, request):
         """Refuse a body over the limit before reading it (413, connection closed, so
         its unread bytes are never parsed as a request), and read the body under the
@@ -291,6 +311,7 @@ class Api:
         limit = self.client_max_size
         if request.method == "POST" and request.path.endswith("/messages"):
             limit = self.max_body               # a put's body is the message
+        limit = self.route_limits.get(request.path, limit)
         if (request.content_length or 0) > limit:
             raise ApiError(413, "MessageSizeExceeded",
                            f"the request body is over the limit ({limit} bytes)")
@@ -569,13 +590,7 @@ class Api:
         after = _number(request, "after", -1, lo=-1, integer=True)
         limit = _number(request, "limit", 100, lo=1, hi=1000, integer=True)
         q = await self.queue(name)
-
-        def page():
-            import heapq
-            rows = heapq.nsmallest(limit + 1, (m for m in q.browse() if m.id > after),
-                                   key=lambda m: m.id)
-            return rows[:limit], len(rows) > limit
-        rows, more = await self.run(page)
+        rows, more = await self.run(browse_page, q, after, limit)
         out = [{"id": int(m.id), "state": m.state, "priority": m.priority,
                 "receive_count": m.receive_count, "sent_at": m.sent_at, "age": m.age,
                 "attributes": m.attributes, "visible_at": m.visible_at,
@@ -606,6 +621,18 @@ class Api:
         return web.json_response({"client": client, "ended": s is not None})
 
 
+def browse_page(q, after, limit):
+    """(up to limit messages with an id greater than after, in id order; whether more
+    follow).  Costs O(limit + log n) reads: q.browse(after=...) starts at a key into the
+    message index (before, every page scanned the whole queue: an export was quadratic)."""
+    it = q.browse(after=after)
+    try:
+        rows = list(itertools.islice(it, limit + 1))
+    finally:
+        it.close()                              # ends its snapshot now
+    return rows[:limit], len(rows) > limit
+
+
 async def _receipts(request):
     """Receipt handles from ?receipt=... (repeatable, comma-separated) or a JSON body
     {"receipts": [...]}."""
@@ -629,13 +656,16 @@ async def _receipts(request):
     return receipts
 
 
+API = web.AppKey("api", Api)                    # app[API]: the application's Api
+
+
 def make_app(service, *, pool_size=64, max_body=1 << 20, client_timeout=60.0,
              sasquatch=None, auth=None):
     """The aiohttp application serving service's native API, Sasquatch's API (sasquatch:
     its settings), the stats page and metrics (auth: an auth.Auth, or None)."""
     api = Api(service, pool_size=pool_size, max_body=max_body, client_timeout=client_timeout)
     app = web.Application(middlewares=[api.errors], client_max_size=api.client_max_size)
-    app["api"] = api
+    app[API] = api
     app.on_startup.append(api.on_startup)
     app.on_shutdown.append(api.on_shutdown)
     app.on_cleanup.append(api.on_cleanup)
@@ -655,12 +685,16 @@ def make_app(service, *, pool_size=64, max_body=1 << 20, client_timeout=60.0,
     r.add_get("/v1/queues/{name}/browse", api.browse)
     r.add_post("/v1/leases/{client}", api.renew)
     r.add_delete("/v1/leases/{client}", api.end_lease)
+    from . import admin, batch
+    batch.add_routes(app, api)                  # POST /v1/batch (batch.py)
+    admin.add_routes(app, api)                  # redrive, pack (admin.py)
     from . import stats
     stats.add_routes(app, api)                  # /stats, /stats.json, /metrics (stats.py)
     from .sasquatch import add_routes as add_sasquatch_routes
     add_sasquatch_routes(app, api, sasquatch)   # Sasquatch's API on the same port
     from .sqs import add_routes as add_sqs_routes
     add_sqs_routes(app, api, auth)              # the SQS JSON protocol on POST / (sqs/)
-    if auth is not None:                        # outermost: before anything else runs
-        app.middlewares.insert(0, auth.middleware)
+    if auth is not None:                        # before anything else runs but the body's
+        app.middlewares.insert(0, auth.middleware)    # size and time checks, just below
+        app.middlewares.insert(0, api.body_limits)
     return app

@@ -221,4 +221,7 @@ def document():
     }
     from .stats import openapi_paths             # /stats, /stats.json, /metrics; auth
     openapi_paths(doc)
+    from . import admin, batch
+    batch.openapi_paths(doc)                     # /v1/batch
+    admin.openapi_paths(doc)                     # redrive, pack
     return doc

@@ -208,6 +208,13 @@ class Sasquatch:
 
     # -- handlers ----------------------------------------------------------------------------
 
+    def body_limit(self, path):
+        """The most a request body to path may be (its handler's own check)."""
+        return {"/send": self.max_message + OVERHEAD,
+                "/send_batch": self.max_message * MAX_BATCH + OVERHEAD,
+                "/enqueue": self.max_message}.get(
+            path, self.cfg.max_request_body_size_kb * 1024)
+
     async def _doc(self, request, limit=None):
         data = await _read(request, limit or self.cfg.max_request_body_size_kb * 1024)
         return _json_object(data)
@@ -543,6 +550,9 @@ class Sasquatch:
         return run
 
 
+SASQUATCH = web.AppKey("sasquatch", Sasquatch)
+
+
 def sasquatch_stats(request):
     """Sasquatch's JSON stats when the request asks for JSON (Accept: application/json or
     ?format=json), else None: the stats page (HTML) answers."""
@@ -550,14 +560,14 @@ def sasquatch_stats(request):
              or "application/json" in request.headers.get("Accept", ""))
     if not wants:
         return None
-    return web.json_response(request.app["sasquatch"].stats_json())
+    return web.json_response(request.app[SASQUATCH].stats_json())
 
 
 async def _stats(request):
     resp = sasquatch_stats(request)
     if resp is not None:
         return resp
-    s = request.app["sasquatch"].stats_json()
+    s = request.app[SASQUATCH].stats_json()
     rows = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in s["requests"].items())
     return web.Response(content_type="text/html", text=(
         "<!doctype html><title>ackqueue stats</title><h1>Sasquatch API requests</h1>"
@@ -567,7 +577,7 @@ async def _stats(request):
 def add_routes(app, api, settings=None):
     """Register Sasquatch's endpoints on app (make_app calls this)."""
     sq = Sasquatch(api, settings)
-    app["sasquatch"] = sq
+    app[SASQUATCH] = sq
     app.on_cleanup.insert(0, sq.on_cleanup)
     r = app.router
     for path, handler in (("/send", sq.send), ("/send_batch", sq.send_batch),
@@ -576,6 +586,7 @@ def add_routes(app, api, settings=None):
                           ("/delete_all", sq.delete_all), ("/queue_length", sq.queue_length),
                           ("/enqueue", sq.enqueue)):
         r.add_post(path, sq.counted(handler, path))
+        api.route_limits[path] = sq.body_limit(path)     # checked before auth reads it
     r.add_get("/queues", sq.counted(sq.queues, "/queues"))
     # GET /stats: the stats page's route when it has one (its handler answers JSON through
     # sasquatch_stats first); else this one.

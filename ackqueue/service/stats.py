@@ -234,6 +234,9 @@ last <span id="window">&ndash;</span> s. Figures for monitoring: <a href="metric
 """
 
 
+FIGURES = web.AppKey("figures", Figures)
+
+
 def _wants_json(request):
     return (request.query.get("format") == "json"
             or "application/json" in request.headers.get("Accept", ""))
@@ -262,7 +265,7 @@ async def stats_page(request):
 
 
 async def stats_json(request):
-    doc = await request.app["figures"].read()
+    doc = await request.app[FIGURES].read()
     return web.Response(text=json.dumps(doc), content_type="application/json",
                         headers={"Cache-Control": "no-store"})
 
@@ -274,7 +277,7 @@ async def metrics(request):
         from .http import error_response
         return error_response(501, "NotImplemented", f"/metrics needs prometheus_client "
                               f"(pip install 'ackqueue[service]'): {exc}")
-    doc = await request.app["figures"].read()
+    doc = await request.app[FIGURES].read()
     body, content_type = render(doc)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
@@ -312,7 +315,7 @@ def openapi_paths(doc):
 
 def add_routes(app, api):
     """Serve /stats, /stats.json and /metrics from app (api: the http.Api)."""
-    app["figures"] = Figures(api)
+    app[FIGURES] = Figures(api)
     app.router.add_get("/stats", stats_page)
     app.router.add_get("/stats.json", stats_json)
     app.router.add_get("/metrics", metrics)
