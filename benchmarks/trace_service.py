@@ -17,11 +17,11 @@ import atexit
 import collections
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 STATS = collections.defaultdict(list)
@@ -159,19 +159,21 @@ def main(argv=None):
     p.add_argument("--count", type=int, default=2000)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--durability", default="fsync", choices=("fsync", "os"))
-    p.add_argument("--port", type=int, default=18977)
+    p.add_argument("--tmpdir", default=None,
+                   help="where the queue file goes (not tmpfs, where fsync costs nothing)")
     args = p.parse_args(argv)
     idle = 2.0
-    with tempfile.TemporaryDirectory(prefix="ackbench-trace-", dir="/var/tmp") as d:
+    with tempfile.TemporaryDirectory(prefix="ackbench-trace-", dir=args.tmpdir) as d:
         server = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.trace_service", "serve",
-             os.path.join(d, "q.fs"), str(args.port), args.durability],
+             os.path.join(d, "q.fs"), "0", args.durability],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             line = server.stdout.readline()
-            if "listening" not in line:
+            found = re.search(r"listening on (http://[\d.]+:\d+)", line)
+            if not found:
                 raise SystemExit(f"the traced service did not start: {line!r}")
-            url = f"http://127.0.0.1:{args.port}"
+            url = found.group(1)
             out = multiprocessing.Queue()
             per = args.count // args.producers
             procs = [multiprocessing.Process(target=_consumer,
