@@ -151,12 +151,10 @@ def _consume(ad, batch):
             if not hs:
                 break
             items = [ad.item(h) for h in hs]
-            stop_again = False
+            markers = 0
             for h, it in zip(hs, items):
                 if it.get("stop"):
-                    if after_stop is not None:
-                        stop_again = True
-                    after_stop = after_stop or 0
+                    markers += 1
                     continue
                 ids.append(it["n"])
                 lat.append((now - it["t"]) * 1000.0)
@@ -165,10 +163,21 @@ def _consume(ad, batch):
                 ad.ack_many(hs)
             else:
                 ad.ack(hs[0])
+            if markers and rides and pending_real:
+                # The producers are done: send the acks now rather than on a receive
+                # that may wait out its long poll (that wait is not the acks' cost).
+                ad.flush()
+                last_ack, pending_real = time.time(), False
             if not rides and pending_real:
                 last_ack, pending_real = time.time(), False
-            if stop_again:
+            # One marker per consumer: keep the first seen, put back any other (a batch
+            # may hold several); a consumer that sees a second one stops.
+            stop_again = markers and after_stop is not None
+            if markers and after_stop is None:
+                after_stop, markers = 0, markers - 1
+            for _ in range(markers):
                 ad.put({"stop": True})
+            if stop_again:
                 break
         if hasattr(ad, "flush"):
             ad.flush()
