@@ -47,8 +47,8 @@ import weakref
 from . import codec, store
 from .connection import (ThreadBound, check_item_sizes, check_visibility, check_wait,
                          watch_thread_failure)
-from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, NotSupported,
-                     ServerUnavailable, ShutDown, StaleAck)
+from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ItemTooLarge, NotHeld,
+                     NotSupported, ServerUnavailable, ShutDown, StaleAck)
 from .message import Message, MessageId
 from .state import check_timeout
 
@@ -272,10 +272,11 @@ class RemoteDatabase:
         if repair:
             raise ValueError("repair=True applies to a queue file (path=); repair the "
                              "service's file where it runs")
-        if front.max_receives is not None or front.dead_letter is not None:
-            raise _unsupported("max_receives=/dead_letter=",
-                               "the service's receive has no dead-letter policy yet; use "
-                               "an embedded queue or ZEO (path='zeo://...') for it")
+        if front._clock is not time.time:
+            raise ValueError("clock= cannot travel to a queue service: deadlines, delays, "
+                             "retention and dedup windows run on the service's own clock "
+                             "(time.time where ackqueue serve runs); test with a fake "
+                             "clock on an embedded queue instead")
         self.target = _Target(url)
         self.description = self.target.url
         self.client = client_id()
@@ -349,8 +350,19 @@ class RemoteDatabase:
         if not _NAME.match(name):
             raise ValueError("a queue served by ackqueue serve has a name of 1 to 80 "
                              "characters among A-Z a-z 0-9 _ . -")
-        self.state_ = RemoteState(self, name, codec_name or codec.DEFAULT, allowed)
+        self.state_ = RemoteState(self, name, self.agree_codec(name, codec_name), allowed)
         return self.state_
+
+    def agree_codec(self, name, wanted):
+        """The codec queue name encodes with, as the service records it: wanted is recorded
+        if the queue has none (None: the recorded one, or the default); another recorded
+        one raises CodecMismatch, as an embedded queue does."""
+        if wanted is None:
+            status, doc, _ = self.call("GET", self.queue_path(name, "/codec"))
+        else:
+            status, doc, _ = self.call("PUT", self.queue_path(name, f"/codec?codec={wanted}"))
+        _raise_for(status, doc)
+        return doc["codec"]
 
     def http(self):
         if self._pid != os.getpid():
@@ -471,6 +483,8 @@ def _put_options(opts, dedup_id):
             headers["X-Attributes"] = json.dumps(dict(opts.attributes))
     if dedup_id is not None:
         query.append("dedup_id=" + urllib.parse.quote(dedup_id, safe=""))
+        if opts is not None and opts.dedup_window != store.DEFAULT_DEDUP_WINDOW:
+            query.append(f"dedup_window={opts.dedup_window!r}")
     else:
         headers["Idempotency-Key"] = uuid.uuid4().hex
     return query, headers
@@ -617,6 +631,8 @@ def _raise_for(status, doc, stale_ok=False):
         raise ItemTooLarge(f"the queue service refused the item: {message}")
     if code == "DuplicateMessage":
         raise DuplicateMessage(message)
+    if code == "CodecMismatch":
+        raise CodecMismatch(message)
     raise AckQueueError(f"the queue service answered HTTP {status} {code}: {message}")
 
 
@@ -785,8 +801,6 @@ class RemoteConnection(ThreadBound):
         self._check_thread()
         if shuffle:
             raise _unsupported("get(shuffle=True)", "the service delivers in queue order")
-        if policy is not None:
-            raise _unsupported("max_receives=/dead_letter=", "use an embedded queue or ZEO")
         timeout = check_wait(block, timeout)
         if visibility_timeout is _DEFAULT or visibility_timeout is ...:
             visibility_timeout = self._front.visibility_timeout
@@ -807,6 +821,10 @@ class RemoteConnection(ThreadBound):
             query = [f"max={n}", f"wait={wait:.3f}"]
             if visibility_timeout is not None:
                 query.append(f"visibility_timeout={visibility_timeout!r}")
+            if policy is not None:      # the receive rules travel with each receive
+                query.append(f"max_receives={policy.max_receives}")
+                if policy.target is not None:
+                    query.append(f"dead_letter={policy.target}")
             with self._lock:
                 acks, self._pending, self._pending_since = self._pending, [], None
             if acks:

@@ -117,6 +117,9 @@ def _put_options(request):
     retention = _number(request, "retention", None, lo=0.001, hi=store.MAX_RETENTION)
     if retention is not None:
         opts["retention"] = retention
+    window = _number(request, "dedup_window", None, hi=store.MAX_RETENTION)
+    if window is not None:                  # how long the put's dedup id is remembered
+        opts["dedup_window"] = window
     raw = request.headers.get("X-Attributes")
     if raw is not None:
         try:
@@ -131,6 +134,27 @@ def _put_options(request):
             raise ApiError(400, "ValidationError",
                            f"at most {MAX_ATTRIBUTES} attributes")
         opts["attributes"] = attributes
+    return opts
+
+
+def _dead_letter_options(request, name):
+    """A receive's dead-letter policy (AckQueue's max_receives= and dead_letter=)."""
+    opts = {}
+    max_receives = _number(request, "max_receives", None, lo=1, hi=1 << 31, integer=True)
+    dead_letter = request.query.get("dead_letter")
+    if dead_letter is not None:
+        if max_receives is None:
+            raise ApiError(400, "InvalidRequest", "dead_letter needs max_receives")
+        try:
+            check_name(dead_letter)
+        except ValueError as exc:
+            raise ApiError(400, "ValidationError", f"dead_letter: {exc}") from None
+        if dead_letter == name:
+            raise ApiError(400, "ValidationError",
+                           "a queue cannot be its own dead-letter queue")
+        opts["dead_letter"] = dead_letter
+    if max_receives is not None:
+        opts["max_receives"] = max_receives
     return opts
 
 
@@ -495,6 +519,7 @@ class Api:
         n = _number(request, "max", 1, lo=1, hi=MAX_RECEIVE, integer=True)
         wait = _number(request, "wait", 0.0, hi=MAX_WAIT)
         vt = _number(request, "visibility_timeout", None, lo=0.001, hi=43200)
+        dead = _dead_letter_options(request, name)
         acks = [r for r in request.query.getall("ack", []) for r in r.split(",") if r]
         if acks:
             await self._ack(name, acks)       # durable before this receive returns
@@ -504,7 +529,7 @@ class Api:
         if cc is None:
             cc = await self.run(self.service.client_conn, session, name)
         messages = await self.poll(request, name, q, cc,
-                                   lambda: self.service.receive(cc, n, vt), wait,
+                                   lambda: self.service.receive(cc, n, vt, **dead), wait,
                                    done=lambda: session.closed)
         delivered = self.service.register(name, session, cc, messages)
         if FRAMES in request.headers.get("Accept", ""):
@@ -655,7 +680,8 @@ def make_app(service, *, pool_size=64, max_body=1 << 20, client_timeout=60.0,
     r.add_get("/v1/queues/{name}/browse", api.browse)
     r.add_post("/v1/leases/{client}", api.renew)
     r.add_delete("/v1/leases/{client}", api.end_lease)
-    from . import stats
+    from . import codecs, stats
+    codecs.add_routes(app, api)                 # /v1/queues/{name}/codec (codecs.py)
     stats.add_routes(app, api)                  # /stats, /stats.json, /metrics (stats.py)
     from .sasquatch import add_routes as add_sasquatch_routes
     add_sasquatch_routes(app, api, sasquatch)   # Sasquatch's API on the same port

@@ -221,4 +221,6 @@ def document():
     }
     from .stats import openapi_paths             # /stats, /stats.json, /metrics; auth
     openapi_paths(doc)
+    from . import codecs                         # /v1/queues/{name}/codec
+    codecs.openapi_paths(doc)
     return doc
