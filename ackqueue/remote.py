@@ -37,6 +37,7 @@ import os
 import queue as _stdlib_queue
 import re
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -44,7 +45,7 @@ import urllib.parse
 import uuid
 import weakref
 
-from . import codec, store
+from . import access, codec, store
 from .connection import (ThreadBound, check_item_sizes, check_visibility, check_wait,
                          watch_thread_failure)
 from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ItemTooLarge, NotHeld,
@@ -163,7 +164,8 @@ class _Http:
     def _connect(self, timeout):
         t = self.target
         if t.https:
-            conn = http.client.HTTPSConnection(t.host, t.port, timeout=timeout)
+            conn = http.client.HTTPSConnection(t.host, t.port, timeout=timeout,
+                                               context=t.access.ssl_context())
         else:
             conn = http.client.HTTPConnection(t.host, t.port, timeout=timeout)
         conn.connect()
@@ -192,6 +194,9 @@ class _Http:
                     why = f"HTTP {r.status}"
                 else:
                     return r.status, r.getheader("Content-Type", ""), data, attempt
+            except ssl.SSLCertVerificationError as exc:
+                self.close()                # retrying cannot help: say so at once
+                raise AckQueueError(access.verify_failed(t, exc)) from None
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
                 if self.interrupted:
@@ -215,7 +220,9 @@ class _Http:
 
 
 class _Target:
-    """Where the service is: parsed from the queue's URL."""
+    """Where the service is, and how to reach it: parsed from the queue's URL,
+    ``http[s]://[NAME@]HOST:PORT[?wait_timeout=S&tls_ca=FILE&token_file=FILE]``
+    (ackqueue.access: TLS and the bearer token)."""
 
     def __init__(self, url):
         parts = urllib.parse.urlsplit(url)
@@ -228,20 +235,14 @@ class _Target:
         except ValueError:
             raise ValueError(f"bad port in {url!r}") from None
         self.prefix = parts.path.rstrip("/")
-        query = urllib.parse.parse_qs(parts.query)
-        self.wait_timeout = DEFAULT_WAIT_TIMEOUT
-        for key, values in query.items():
-            if key != "wait_timeout":
-                raise ValueError(f"unknown option {key!r} in {url!r} (the one option is "
-                                 "wait_timeout=SECONDS)")
-            try:
-                self.wait_timeout = float(values[-1])
-            except ValueError:
-                raise ValueError(f"wait_timeout must be seconds, not {values[-1]!r}") from None
-            if not self.wait_timeout > 0:
-                raise ValueError("wait_timeout must be positive")
-        self.url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-        self.netloc = parts.netloc
+        options = access.parse_options(parts, url)
+        self.wait_timeout = options.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT)
+        self.access = access.Access(parts, options, url)
+        netloc = self.host if ":" not in self.host else f"[{self.host}]"
+        if parts.port:
+            netloc += f":{parts.port}"
+        self.url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        self.netloc = (parts.username + "@" if parts.username else "") + netloc
 
 
 def _error(status, data):
@@ -279,7 +280,7 @@ class RemoteDatabase:
                              "clock on an embedded queue instead")
         self.target = _Target(url)
         self.description = self.target.url
-        self.client = client_id()
+        self.client = self.target.access.client_id(client_id())
         self.front = weakref.ref(front)
         self.ack_with_next_get = getattr(front, "ack_with_next_get", False)
         front._proxy = RemoteConnection
@@ -313,7 +314,7 @@ class RemoteDatabase:
             self._local = threading.local()
             self._https = weakref.WeakSet()
             self._https_lock = threading.Lock()
-            self.client = client_id()
+            self.client = self.target.access.client_id(client_id())
             if self.state_ is not None:
                 for conn in list(self.state_.conns):
                     conn._holdings.clear()
@@ -350,7 +351,11 @@ class RemoteDatabase:
         if not _NAME.match(name):
             raise ValueError("a queue served by ackqueue serve has a name of 1 to 80 "
                              "characters among A-Z a-z 0-9 _ . -")
-        self.state_ = RemoteState(self, name, self.agree_codec(name, codec_name), allowed)
+        # A codec asked for is agreed now (CodecMismatch at open, as embedded); without
+        # one, the recorded codec is asked for at the first put (so that opening a queue
+        # to look at it creates nothing on the service).
+        agreed = None if codec_name is None else self.agree_codec(name, codec_name)
+        self.state_ = RemoteState(self, name, agreed, allowed)
         return self.state_
 
     def agree_codec(self, name, wanted):
@@ -376,7 +381,7 @@ class RemoteDatabase:
 
     def call(self, method, path, body=None, headers=None, *, read_timeout=None):
         """(status, decoded JSON or bytes, attempts) of one request, as this thread."""
-        hdrs = {"X-Client-Id": self.client}
+        hdrs = {"X-Client-Id": self.client, **self.target.access.headers}
         if headers:
             hdrs.update(headers)
         status, ctype, data, attempt = self.http().request(
@@ -401,6 +406,8 @@ class RemoteDatabase:
 
     def _renew(self):
         status, doc, _ = self.call("POST", f"/v1/leases/{self.client}")
+        if status in (401, 403):
+            raise AckQueueError(access.refused(self.target, status, doc))
         if status != 200:
             raise AckQueueError(f"the queue service refused this client's lease: {doc!r}")
         self.lease_timeout = float(doc.get("lease_timeout", 30.0))
@@ -516,7 +523,7 @@ class RemoteState:
         self.database = database
         self.name = name
         self.kind = store.FIFO
-        self.codec = codec_name
+        self._codec = codec_name
         self.allowed_classes = allowed
         self.acknowledging = False
         self.mutex = threading.Lock()
@@ -526,6 +533,13 @@ class RemoteState:
         self.conns = weakref.WeakSet()
         self.polls = {}               # thread ident -> _Http of a long poll in progress
         self.polls_lock = threading.Lock()
+
+    @property
+    def codec(self):
+        """How puts encode items: the queue's codec as the service records it."""
+        if self._codec is None:
+            self._codec = self.database.agree_codec(self.name, None)
+        return self._codec
 
     def interrupt_polls(self):
         with self.polls_lock:
