@@ -24,6 +24,7 @@ from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 
 from .core import check_client, check_name
+from .waker import Waker
 
 __all__ = ["make_app", "FRAMES", "encode_frames", "decode_frames"]
 
@@ -545,7 +546,7 @@ class Api:
         request is cancelled) and, with give_back, what it got goes back."""
         loop = self.loop
         deadline = loop.time() + wait
-        event = asyncio.Event()
+        event = Waker(loop)             # waker.py: resumes a loop iteration after set()
         waiters = self.waiters.setdefault(name, set())
         waiters.add(event)
         try:
@@ -560,10 +561,7 @@ class Api:
                 ready_at = q.next_ready_at()
                 if ready_at is not None:
                     remaining = min(remaining, max(0.0, ready_at - time.time()) + 0.005)
-                try:
-                    await asyncio.wait_for(event.wait(), remaining)
-                except asyncio.TimeoutError:
-                    pass
+                await event.wait(remaining)
         finally:
             waiters.discard(event)
         if messages and give_back and (request.transport is None
