@@ -278,6 +278,9 @@ class RemoteDatabase:
                              "retention and dedup windows run on the service's own clock "
                              "(time.time where ackqueue serve runs); test with a fake "
                              "clock on an embedded queue instead")
+        if front.dead_letter is not None and not _NAME.match(front.dead_letter):
+            raise ValueError("a dead-letter queue served by ackqueue serve has a name of 1 "
+                             "to 80 characters among A-Z a-z 0-9 _ . -")
         self.target = _Target(url)
         self.description = self.target.url
         self.client = self.target.access.client_id(client_id())
@@ -838,7 +841,7 @@ class RemoteConnection(ThreadBound):
             if policy is not None:      # the receive rules travel with each receive
                 query.append(f"max_receives={policy.max_receives}")
                 if policy.target is not None:
-                    query.append(f"dead_letter={policy.target}")
+                    query.append("dead_letter=" + urllib.parse.quote(policy.target, safe=""))
             with self._lock:
                 acks, self._pending, self._pending_since = self._pending, [], None
             if acks:

@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from ackqueue import AckQueue, CodecMismatch, DuplicateMessage, Empty  # noqa: E402
+from ackqueue import (AckQueue, AckQueueError, CodecMismatch, DuplicateMessage,  # noqa: E402
+                      Empty)
 
 from service_proc import Service                       # noqa: E402
 
@@ -130,6 +131,15 @@ def test_max_receives_without_a_dead_letter_queue_drops(q):
     with pytest.raises(Empty):
         work.get(timeout=0.2)
     assert work.stats()["dead_lettered"] == 1
+
+
+def test_a_dead_letter_name_the_service_cannot_take_is_refused(q):
+    with pytest.raises(ValueError, match="dead-letter"):
+        q(max_receives=2, dead_letter="no spaces&here")
+    work = q()
+    work.put("x")
+    with pytest.raises(AckQueueError, match="dead_letter"):     # the service says why
+        work.get(timeout=1, max_receives=2, dead_letter="no spaces&here")
 
 
 def test_a_per_get_dead_letter_override(q):
