@@ -500,6 +500,19 @@ def _put_options(opts, dedup_id):
     return query, headers
 
 
+def _receive_query(n, wait, visibility_timeout, policy):
+    """A receive's query parameters; the dead-letter policy (max_receives, dead_letter)
+    travels with each receive, as the embedded queue applies it at each get."""
+    query = [f"max={n}", f"wait={wait:.3f}"]
+    if visibility_timeout is not None:
+        query.append(f"visibility_timeout={visibility_timeout!r}")
+    if policy is not None:
+        query.append(f"max_receives={policy.max_receives}")
+        if policy.target is not None:
+            query.append("dead_letter=" + urllib.parse.quote(policy.target, safe=""))
+    return query
+
+
 def _put_request(bodies, query, headers):
     """(path, request body) of a put: one message as itself with its Content-Type, a batch
     as frames of one encoding (a mixed batch travels as pickles); adds to query/headers."""
@@ -835,13 +848,7 @@ class RemoteConnection(ThreadBound):
                 wait = LONG_POLL_SLICE
                 if end is not None:
                     wait = max(0.0, min(wait, end - time.monotonic()))
-            query = [f"max={n}", f"wait={wait:.3f}"]
-            if visibility_timeout is not None:
-                query.append(f"visibility_timeout={visibility_timeout!r}")
-            if policy is not None:      # the receive rules travel with each receive
-                query.append(f"max_receives={policy.max_receives}")
-                if policy.target is not None:
-                    query.append("dead_letter=" + urllib.parse.quote(policy.target, safe=""))
+            query = _receive_query(n, wait, visibility_timeout, policy)
             with self._lock:
                 acks, self._pending, self._pending_since = self._pending, [], None
             if acks:
