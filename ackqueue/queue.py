@@ -333,11 +333,14 @@ class AckQueue(_stdlib_queue.Queue):
                          dedup_id=_dedup_id(dedup_id))
 
     def put_many(self, items, block=True, timeout=None, *, priority=store.DEFAULT_PRIORITY,
-                 delay=0, retention=None, dedup_ids=None, attributes=None, encoded=False):
+                 delay=0, retention=None, dedup_ids=None, attributes=None, encoded=False,
+                 dedup_window=None):
         """Put every item of items in one commit (all or nothing) and return their
         MessageIds.  Options as put(), for every item; dedup_ids: None or one dedup id (or
-        None) per item.  With maxsize, waits for room for all of them at once.  One item
-        over max_item_size refuses the whole batch (ItemTooLarge, with its index).
+        None) per item; dedup_window: seconds their dedup ids are remembered (None: the
+        queue's; the queue service passes a remote client's).  With maxsize, waits for room
+        for all of them at once.  One item over max_item_size refuses the whole batch
+        (ItemTooLarge, with its index).
 
         encoded=True: every item is already its stored form, bytes (what pickle.dumps
         gives, or any bytes a remote client sent): stored as given, without pickling; a
@@ -353,13 +356,15 @@ class AckQueue(_stdlib_queue.Queue):
                                  f"{len(items)} items")
         return self._conn().put_many(
             items, block, timeout, opts=self._put_options(priority, delay, retention,
-                                                          attributes),
+                                                          attributes, dedup_window),
             dedup_ids=dedup_ids, encoded=encoded)
 
-    def _put_options(self, priority, delay, retention, attributes):
+    def _put_options(self, priority, delay, retention, attributes, dedup_window=None):
         return PutOptions(_priority(priority), _seconds(delay, "delay"),
                           self.retention if retention is None else _retention(retention),
-                          _attributes(attributes), self.dedup_window)
+                          _attributes(attributes),
+                          self.dedup_window if dedup_window is None
+                          else _seconds(dedup_window, "dedup_window"))
 
     def get(self, block=True, timeout=None, *, visibility_timeout=..., shuffle=False,
             max_receives=_UNSET, dead_letter=_UNSET):

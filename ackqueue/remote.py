@@ -37,6 +37,7 @@ import os
 import queue as _stdlib_queue
 import re
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -44,11 +45,11 @@ import urllib.parse
 import uuid
 import weakref
 
-from . import codec, store
+from . import access, codec, store
 from .connection import (ThreadBound, check_item_sizes, check_visibility, check_wait,
                          watch_thread_failure)
-from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, NotSupported,
-                     ServerUnavailable, ShutDown, StaleAck)
+from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ItemTooLarge, NotHeld,
+                     NotSupported, ServerUnavailable, ShutDown, StaleAck)
 from .message import Message, MessageId
 from .state import check_timeout
 
@@ -163,7 +164,8 @@ class _Http:
     def _connect(self, timeout):
         t = self.target
         if t.https:
-            conn = http.client.HTTPSConnection(t.host, t.port, timeout=timeout)
+            conn = http.client.HTTPSConnection(t.host, t.port, timeout=timeout,
+                                               context=t.access.ssl_context())
         else:
             conn = http.client.HTTPConnection(t.host, t.port, timeout=timeout)
         conn.connect()
@@ -192,6 +194,9 @@ class _Http:
                     why = f"HTTP {r.status}"
                 else:
                     return r.status, r.getheader("Content-Type", ""), data, attempt
+            except ssl.SSLCertVerificationError as exc:
+                self.close()                # retrying cannot help: say so at once
+                raise AckQueueError(access.verify_failed(t, exc)) from None
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
                 if self.interrupted:
@@ -215,7 +220,9 @@ class _Http:
 
 
 class _Target:
-    """Where the service is: parsed from the queue's URL."""
+    """Where the service is, and how to reach it: parsed from the queue's URL,
+    ``http[s]://[NAME@]HOST:PORT[?wait_timeout=S&tls_ca=FILE&token_file=FILE]``
+    (ackqueue.access: TLS and the bearer token)."""
 
     def __init__(self, url):
         parts = urllib.parse.urlsplit(url)
@@ -228,20 +235,14 @@ class _Target:
         except ValueError:
             raise ValueError(f"bad port in {url!r}") from None
         self.prefix = parts.path.rstrip("/")
-        query = urllib.parse.parse_qs(parts.query)
-        self.wait_timeout = DEFAULT_WAIT_TIMEOUT
-        for key, values in query.items():
-            if key != "wait_timeout":
-                raise ValueError(f"unknown option {key!r} in {url!r} (the one option is "
-                                 "wait_timeout=SECONDS)")
-            try:
-                self.wait_timeout = float(values[-1])
-            except ValueError:
-                raise ValueError(f"wait_timeout must be seconds, not {values[-1]!r}") from None
-            if not self.wait_timeout > 0:
-                raise ValueError("wait_timeout must be positive")
-        self.url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-        self.netloc = parts.netloc
+        options = access.parse_options(parts, url)
+        self.wait_timeout = options.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT)
+        self.access = access.Access(parts, options, url)
+        netloc = self.host if ":" not in self.host else f"[{self.host}]"
+        if parts.port:
+            netloc += f":{parts.port}"
+        self.url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        self.netloc = (parts.username + "@" if parts.username else "") + netloc
 
 
 def _error(status, data):
@@ -272,13 +273,17 @@ class RemoteDatabase:
         if repair:
             raise ValueError("repair=True applies to a queue file (path=); repair the "
                              "service's file where it runs")
-        if front.max_receives is not None or front.dead_letter is not None:
-            raise _unsupported("max_receives=/dead_letter=",
-                               "the service's receive has no dead-letter policy yet; use "
-                               "an embedded queue or ZEO (path='zeo://...') for it")
+        if front._clock is not time.time:
+            raise ValueError("clock= cannot travel to a queue service: deadlines, delays, "
+                             "retention and dedup windows run on the service's own clock "
+                             "(time.time where ackqueue serve runs); test with a fake "
+                             "clock on an embedded queue instead")
+        if front.dead_letter is not None and not _NAME.match(front.dead_letter):
+            raise ValueError("a dead-letter queue served by ackqueue serve has a name of 1 "
+                             "to 80 characters among A-Z a-z 0-9 _ . -")
         self.target = _Target(url)
         self.description = self.target.url
-        self.client = client_id()
+        self.client = self.target.access.client_id(client_id())
         self.front = weakref.ref(front)
         self.ack_with_next_get = getattr(front, "ack_with_next_get", False)
         front._proxy = RemoteConnection
@@ -312,7 +317,7 @@ class RemoteDatabase:
             self._local = threading.local()
             self._https = weakref.WeakSet()
             self._https_lock = threading.Lock()
-            self.client = client_id()
+            self.client = self.target.access.client_id(client_id())
             if self.state_ is not None:
                 for conn in list(self.state_.conns):
                     conn._holdings.clear()
@@ -349,8 +354,23 @@ class RemoteDatabase:
         if not _NAME.match(name):
             raise ValueError("a queue served by ackqueue serve has a name of 1 to 80 "
                              "characters among A-Z a-z 0-9 _ . -")
-        self.state_ = RemoteState(self, name, codec_name or codec.DEFAULT, allowed)
+        # A codec asked for is agreed now (CodecMismatch at open, as embedded); without
+        # one, the recorded codec is asked for at the first put (so that opening a queue
+        # to look at it creates nothing on the service).
+        agreed = None if codec_name is None else self.agree_codec(name, codec_name)
+        self.state_ = RemoteState(self, name, agreed, allowed)
         return self.state_
+
+    def agree_codec(self, name, wanted):
+        """The codec queue name encodes with, as the service records it: wanted is recorded
+        if the queue has none (None: the recorded one, or the default); another recorded
+        one raises CodecMismatch, as an embedded queue does."""
+        if wanted is None:
+            status, doc, _ = self.call("GET", self.queue_path(name, "/codec"))
+        else:
+            status, doc, _ = self.call("PUT", self.queue_path(name, f"/codec?codec={wanted}"))
+        _raise_for(status, doc)
+        return doc["codec"]
 
     def http(self):
         if self._pid != os.getpid():
@@ -364,7 +384,7 @@ class RemoteDatabase:
 
     def call(self, method, path, body=None, headers=None, *, read_timeout=None):
         """(status, decoded JSON or bytes, attempts) of one request, as this thread."""
-        hdrs = {"X-Client-Id": self.client}
+        hdrs = {"X-Client-Id": self.client, **self.target.access.headers}
         if headers:
             hdrs.update(headers)
         status, ctype, data, attempt = self.http().request(
@@ -389,6 +409,8 @@ class RemoteDatabase:
 
     def _renew(self):
         status, doc, _ = self.call("POST", f"/v1/leases/{self.client}")
+        if status in (401, 403):
+            raise AckQueueError(access.refused(self.target, status, doc))
         if status != 200:
             raise AckQueueError(f"the queue service refused this client's lease: {doc!r}")
         self.lease_timeout = float(doc.get("lease_timeout", 30.0))
@@ -471,9 +493,24 @@ def _put_options(opts, dedup_id):
             headers["X-Attributes"] = json.dumps(dict(opts.attributes))
     if dedup_id is not None:
         query.append("dedup_id=" + urllib.parse.quote(dedup_id, safe=""))
+        if opts is not None and opts.dedup_window != store.DEFAULT_DEDUP_WINDOW:
+            query.append(f"dedup_window={opts.dedup_window!r}")
     else:
         headers["Idempotency-Key"] = uuid.uuid4().hex
     return query, headers
+
+
+def _receive_query(n, wait, visibility_timeout, policy):
+    """A receive's query parameters; the dead-letter policy (max_receives, dead_letter)
+    travels with each receive, as the embedded queue applies it at each get."""
+    query = [f"max={n}", f"wait={wait:.3f}"]
+    if visibility_timeout is not None:
+        query.append(f"visibility_timeout={visibility_timeout!r}")
+    if policy is not None:
+        query.append(f"max_receives={policy.max_receives}")
+        if policy.target is not None:
+            query.append("dead_letter=" + urllib.parse.quote(policy.target, safe=""))
+    return query
 
 
 def _put_request(bodies, query, headers):
@@ -502,7 +539,7 @@ class RemoteState:
         self.database = database
         self.name = name
         self.kind = store.FIFO
-        self.codec = codec_name
+        self._codec = codec_name
         self.allowed_classes = allowed
         self.acknowledging = False
         self.mutex = threading.Lock()
@@ -512,6 +549,13 @@ class RemoteState:
         self.conns = weakref.WeakSet()
         self.polls = {}               # thread ident -> _Http of a long poll in progress
         self.polls_lock = threading.Lock()
+
+    @property
+    def codec(self):
+        """How puts encode items: the queue's codec as the service records it."""
+        if self._codec is None:
+            self._codec = self.database.agree_codec(self.name, None)
+        return self._codec
 
     def interrupt_polls(self):
         with self.polls_lock:
@@ -621,6 +665,8 @@ def _raise_for(status, doc, stale_ok=False):
         raise ItemTooLarge(f"the queue service refused the item: {message}")
     if code == "DuplicateMessage":
         raise DuplicateMessage(message)
+    if code == "CodecMismatch":
+        raise CodecMismatch(message)
     raise AckQueueError(f"the queue service answered HTTP {status} {code}: {message}")
 
 
@@ -789,8 +835,6 @@ class RemoteConnection(ThreadBound):
         self._check_thread()
         if shuffle:
             raise _unsupported("get(shuffle=True)", "the service delivers in queue order")
-        if policy is not None:
-            raise _unsupported("max_receives=/dead_letter=", "use an embedded queue or ZEO")
         timeout = check_wait(block, timeout)
         if visibility_timeout is _DEFAULT or visibility_timeout is ...:
             visibility_timeout = self._front.visibility_timeout
@@ -808,9 +852,7 @@ class RemoteConnection(ThreadBound):
                 wait = LONG_POLL_SLICE
                 if end is not None:
                     wait = max(0.0, min(wait, end - time.monotonic()))
-            query = [f"max={n}", f"wait={wait:.3f}"]
-            if visibility_timeout is not None:
-                query.append(f"visibility_timeout={visibility_timeout!r}")
+            query = _receive_query(n, wait, visibility_timeout, policy)
             with self._lock:
                 acks, self._pending, self._pending_since = self._pending, [], None
             if acks:

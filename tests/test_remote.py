@@ -492,8 +492,6 @@ def test_clear_errors_for_what_the_service_cannot_do(q, shared):
         a.db
     with pytest.raises(NotSupported, match="redrive"):
         a.redrive()
-    with pytest.raises(NotSupported):
-        AckQueue(path=shared.url, name="dl", max_receives=3)
     with pytest.raises(TypeError):
         AckQueue(path=shared.url, db=object())
     assert isinstance(NotSupported("x"), (ackqueue.AckQueueError, NotImplementedError))

@@ -63,6 +63,8 @@ ROUTES = {
     ("POST", "/v1/queues/{name}/nack"): ("read", "path"),
     ("POST", "/v1/queues/{name}/visibility"): ("read", "path"),
     ("GET", "/v1/queues/{name}/browse"): ("read", "path"),
+    ("GET", "/v1/queues/{name}/codec"): ("read", "path"),
+    ("PUT", "/v1/queues/{name}/codec"): ("write", "path"),
     ("POST", "/v1/queues/{name}/purge"): ("admin", "path"),
     ("POST", "/v1/queues/{name}/redrive"): ("admin", "path"),
     ("POST", "/v1/queues/{name}/pack"): ("admin", "path"),
@@ -208,7 +210,11 @@ async def _queues(request, where):
     """(queue name, right or None for the route's) a request touches ("*" when
     service-wide or unknown)."""
     if where == "path":
-        return [(request.match_info.get("name", "*"), None)]
+        names = [(request.match_info.get("name", "*"), None)]
+        if request.query.get("dead_letter"):
+            # a native receive that dead-letters moves messages there: write on that queue
+            names.append((request.query["dead_letter"], "write"))
+        return names
     if where == "query":
         return [(request.query.get("queue_name") or "*", None)]
     if where == "txn":

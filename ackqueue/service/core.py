@@ -164,10 +164,17 @@ class Service:
         return cc
 
     @staticmethod
-    def receive(cc, n, visibility_timeout):
-        """Up to n messages now, never waiting (blocking only for the pool's thread)."""
+    def receive(cc, n, visibility_timeout, **dead_letter):
+        """Up to n messages now, never waiting (blocking only for the pool's thread).
+        dead_letter: max_receives= (and dead_letter=), the receive rules of AckQueue.get."""
         kwargs = {} if visibility_timeout is None else {
             "visibility_timeout": visibility_timeout}
+        if dead_letter:
+            # The front's options, as its get() builds them: the policy names the
+            # dead-letter queue's live state in this process.
+            kwargs["policy"] = cc.queue._get_options(
+                ..., False, dead_letter.get("max_receives"),
+                dead_letter.get("dead_letter"))["policy"]
         with cc.lock:
             if cc.conn.closed:
                 return []

@@ -25,6 +25,7 @@ from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 
 from .core import check_client, check_name
+from .waker import Waker
 
 __all__ = ["make_app", "API", "FRAMES", "encode_frames", "decode_frames"]
 
@@ -118,6 +119,9 @@ def _put_options(request):
     retention = _number(request, "retention", None, lo=0.001, hi=store.MAX_RETENTION)
     if retention is not None:
         opts["retention"] = retention
+    window = _number(request, "dedup_window", None, hi=store.MAX_RETENTION)
+    if window is not None:                  # how long the put's dedup id is remembered
+        opts["dedup_window"] = window
     raw = request.headers.get("X-Attributes")
     if raw is not None:
         try:
@@ -132,6 +136,27 @@ def _put_options(request):
             raise ApiError(400, "ValidationError",
                            f"at most {MAX_ATTRIBUTES} attributes")
         opts["attributes"] = attributes
+    return opts
+
+
+def _dead_letter_options(request, name):
+    """A receive's dead-letter policy (AckQueue's max_receives= and dead_letter=)."""
+    opts = {}
+    max_receives = _number(request, "max_receives", None, lo=1, hi=1 << 31, integer=True)
+    dead_letter = request.query.get("dead_letter")
+    if dead_letter is not None:
+        if max_receives is None:
+            raise ApiError(400, "InvalidRequest", "dead_letter needs max_receives")
+        try:
+            check_name(dead_letter)
+        except ValueError as exc:
+            raise ApiError(400, "ValidationError", f"dead_letter: {exc}") from None
+        if dead_letter == name:
+            raise ApiError(400, "ValidationError",
+                           "a queue cannot be its own dead-letter queue")
+        opts["dead_letter"] = dead_letter
+    if max_receives is not None:
+        opts["max_receives"] = max_receives
     return opts
 
 
@@ -516,6 +541,7 @@ class Api:
         n = _number(request, "max", 1, lo=1, hi=MAX_RECEIVE, integer=True)
         wait = _number(request, "wait", 0.0, hi=MAX_WAIT)
         vt = _number(request, "visibility_timeout", None, lo=0.001, hi=43200)
+        dead = _dead_letter_options(request, name)
         acks = [r for r in request.query.getall("ack", []) for r in r.split(",") if r]
         if acks:
             await self._ack(name, acks)       # durable before this receive returns
@@ -525,7 +551,7 @@ class Api:
         if cc is None:
             cc = await self.run(self.service.client_conn, session, name)
         messages = await self.poll(request, name, q, cc,
-                                   lambda: self.service.receive(cc, n, vt), wait,
+                                   lambda: self.service.receive(cc, n, vt, **dead), wait,
                                    done=lambda: session.closed)
         delivered = self.service.register(name, session, cc, messages)
         if FRAMES in request.headers.get("Accept", ""):
@@ -541,7 +567,7 @@ class Api:
         request is cancelled) and, with give_back, what it got goes back."""
         loop = self.loop
         deadline = loop.time() + wait
-        event = asyncio.Event()
+        event = Waker(loop)             # waker.py: resumes a loop iteration after set()
         waiters = self.waiters.setdefault(name, set())
         waiters.add(event)
         try:
@@ -556,10 +582,7 @@ class Api:
                 ready_at = q.next_ready_at()
                 if ready_at is not None:
                     remaining = min(remaining, max(0.0, ready_at - time.time()) + 0.005)
-                try:
-                    await asyncio.wait_for(event.wait(), remaining)
-                except asyncio.TimeoutError:
-                    pass
+                await event.wait(remaining)
         finally:
             waiters.discard(event)
         if messages and give_back and (request.transport is None
@@ -685,10 +708,10 @@ def make_app(service, *, pool_size=64, max_body=1 << 20, client_timeout=60.0,
     r.add_get("/v1/queues/{name}/browse", api.browse)
     r.add_post("/v1/leases/{client}", api.renew)
     r.add_delete("/v1/leases/{client}", api.end_lease)
-    from . import admin, batch
+    from . import admin, batch, codecs, stats
     batch.add_routes(app, api)                  # POST /v1/batch (batch.py)
     admin.add_routes(app, api)                  # redrive, pack (admin.py)
-    from . import stats
+    codecs.add_routes(app, api)                 # /v1/queues/{name}/codec (codecs.py)
     stats.add_routes(app, api)                  # /stats, /stats.json, /metrics (stats.py)
     from .sasquatch import add_routes as add_sasquatch_routes
     add_sasquatch_routes(app, api, sasquatch)   # Sasquatch's API on the same port

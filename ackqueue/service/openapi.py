@@ -46,6 +46,8 @@ _PUT_PARAMS = [
     {"name": "X-Attributes", "in": "header", "required": False,
      "schema": {"type": "string"},
      "description": "a JSON object of up to 10 string: string pairs"},
+    _q("dedup_window", {"type": "number", "minimum": 0, "maximum": 1209600},
+       "seconds the put's dedup id is remembered (default 300)"),
 ]
 
 
@@ -139,7 +141,15 @@ def document():
                                   "seconds before an unacknowledged delivery is given "
                                   "back (default: held until ack or lease end)"),
                                _q("ack", {"type": "string"},
-                                  "receipts to acknowledge before receiving")],
+                                  "receipts to acknowledge before receiving"),
+                               _q("max_receives", {"type": "integer", "minimum": 1},
+                                  "a message received this often without an ack is "
+                                  "dead-lettered at the receive that would deliver it "
+                                  "again"),
+                               _q("dead_letter", {"type": "string",
+                                                  "pattern": "^[A-Za-z0-9_.\\-]{1,80}$"},
+                                  "the queue it moves to (with max_receives; write right "
+                                  "there under --auth); without it, dropped")],
                 "responses": {"200": {"description": "messages (possibly none)", "content": {
                     "application/json": {"schema": {"type": "object", "properties": {
                         "messages": {"type": "array", "items": msg}}}},
@@ -221,7 +231,8 @@ def document():
     }
     from .stats import openapi_paths             # /stats, /stats.json, /metrics; auth
     openapi_paths(doc)
-    from . import admin, batch
+    from . import admin, batch, codecs
     batch.openapi_paths(doc)                     # /v1/batch
     admin.openapi_paths(doc)                     # redrive, pack
+    codecs.openapi_paths(doc)                    # /v1/queues/{name}/codec
     return doc

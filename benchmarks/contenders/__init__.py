@@ -37,6 +37,7 @@ def _shared():
     return [
         ackqueue_remote.SHARED,
         ackqueue_remote.SHARED_ACK_WITH_GET,
+        ackqueue_remote.SHARED_OS,        # (e) across processes: the floor without fsync
         zeo.SHARED,
         *persist_queue.shared_contenders(),
         *litequeue.shared_contenders(),

@@ -32,6 +32,24 @@ SHARED_ACK_WITH_GET = SharedContender(
     lambda location, mode: AckQueueAdapter(None, url=location, ack_with_next_get=True))
 
 
+
+def start_service_os(directory):
+    """provision() of the wake-path floor: the service's commits not fsync'd."""
+    service = ServiceServer(directory, "--durability", "os")
+    return service.url, service
+
+
+# (e) across processes only: the same path with the service's commits written to the OS
+# without fsync (ackqueue serve --durability os), measured beside the fsync'd one in the
+# same run, so the wake path's own cost shows apart from the put's fsync.
+SHARED_OS = SharedContender(
+    "ackqueue-remote-os", "ackqueue (remote, durability os)", "ackqueue", "blocking",
+    "as ackqueue (remote), the service started with --durability os (commits reach the "
+    "OS, no fsync): the floor of the wake path without the disk's flush",
+    start_service_os, lambda location, mode: AckQueueAdapter(None, url=location),
+    scenarios=("e_xproc",))
+
+
 class RemoteAckQueueAdapter(AckQueueAdapter):
     """(a)-(d) in one process: starts `ackqueue serve` on a fresh file in the run's
     directory, opens AckQueue(path="http://127.0.0.1:PORT", name=...), and stops the

@@ -25,4 +25,6 @@ METRICS = {
     "p50_ms": ("ms", False),
     "p99_ms": ("ms", False),
     "mean_ms": ("ms", False),
+    "put_p50_ms": ("ms", False),          # (e) across processes: put()'s own duration
+    "after_put_p50_ms": ("ms", False),    # and the wake path's part after it
 }
