@@ -655,6 +655,8 @@ def make_app(service, *, pool_size=64, max_body=1 << 20, client_timeout=60.0,
     r.add_get("/v1/queues/{name}/browse", api.browse)
     r.add_post("/v1/leases/{client}", api.renew)
     r.add_delete("/v1/leases/{client}", api.end_lease)
+    from . import batches
+    batches.add_routes(app, api)                # leased batches, row puts (stream processors)
     from . import stats
     stats.add_routes(app, api)                  # /stats, /stats.json, /metrics (stats.py)
     from .sasquatch import add_routes as add_sasquatch_routes

@@ -1,0 +1,326 @@
+"""Leased batches and deduplicated row puts: the native API's part for stream processors
+(the Spark source and sink, ackqueue.spark).
+
+A stream processor that replays a batch after a failure must read exactly the batch it
+read before, and must acknowledge only once it has finished the batch for good.  So the
+service keeps, per queue and *stream* (an id the processor keeps in its own checkpoint),
+a record for each batch part, keyed by the part's sequence number and index:
+
+``POST /v1/queues/{name}/streams/{stream}/batches/{seq}/{part}?max=N&visibility_timeout=S
+[&max_receives=K&dead_letter=Q]``
+    The first call receives up to N ready messages (not waiting) for the record and holds
+    them for S seconds; every later call returns the same messages, their lease renewed
+    for S seconds from then.  Each call counts as one receive of its messages: the
+    ``receive_count`` returned is the queue's count plus the calls after the first, and a
+    message past max_receives is moved to the queue dead_letter (or dropped) at the call
+    that would deliver it once more, as the queue's own rule does at a get.  A record whose
+    lease ran out is dropped (its messages went back to the queue) and the call receives
+    afresh.  A part of a batch already committed (seq at or below the stream's commit)
+    returns nothing.  The answer is frames (ackqueue.service.http.encode_frames): a JSON
+    header ``{"messages": [{id, receive_count, sent_at, priority, attributes, encoding},
+    ...]}`` and then each message's body.
+``POST /v1/queues/{name}/streams/{stream}/commit?upto=SEQ``
+    Acknowledge the messages of every record of the stream up to seq SEQ (cumulative and
+    idempotent: records already committed are gone, a repeated commit acks nothing).
+``POST /v1/queues/{name}/rows?encoding=str|bytes&dedup_window=S``
+    Put rows, each with its own dedup id: frames, a JSON header ``{"dedup_ids": [...],
+    "priorities": [...]|null, "attributes": [...]|null}`` then each row's body.  A row
+    whose dedup id was put less than S seconds ago (default: one day) is skipped, not
+    refused; the answer says ``{"put": n, "duplicates": k}``.
+
+The records live in the service process: they survive the processor's crash (the case
+they exist for), not the service's (a restarted service has given every lease back, so
+the messages are received again in later batches: at least once still holds).
+"""
+import json
+import time
+
+from aiohttp import web
+
+from ackqueue import codec, store
+from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
+from ackqueue.state import PutOptions
+
+from .core import ClientConn, check_client
+from .http import (FRAMES, MAX_BATCH, ApiError, _marked, _name, _number, decode_frames,
+                   encode_frames)
+
+__all__ = ["add_routes", "BatchLeases"]
+
+MAX_BATCH_RECEIVE = 10000
+DEFAULT_ROW_DEDUP_WINDOW = 86400.0
+
+
+class Record:
+    """One batch part's leased messages."""
+
+    __slots__ = ("messages", "reads", "deadline")
+
+    def __init__(self, messages, deadline):
+        self.messages = messages        # Message objects held by the stream's connection
+        self.reads = 1
+        self.deadline = deadline
+
+
+class Stream:
+    __slots__ = ("cc", "records", "committed")
+
+    def __init__(self, cc):
+        self.cc = cc
+        self.records = {}               # (seq, part) -> Record
+        self.committed = -1
+
+
+class BatchLeases:
+    """The records of every stream; clock (wall time, as message deadlines) injectable."""
+
+    def __init__(self, api, clock=time.time):
+        self.api = api
+        self.clock = clock
+        self.streams = {}               # (queue name, stream id) -> Stream
+
+    async def stream(self, name, stream_id):
+        s = self.streams.get((name, stream_id))
+        if s is None:
+            q = await self.api.queue(name)
+            conn = await self.api.run(lambda: q.connect(thread_bound=False))
+            s = self.streams.setdefault((name, stream_id), Stream(ClientConn(q, conn)))
+        return s
+
+    def sweep(self, s):
+        """Drop records whose lease ran out: their messages went back by themselves."""
+        now = self.clock()
+        for key in [k for k, r in s.records.items() if r.deadline <= now]:
+            del s.records[key]
+
+    async def close(self, app=None):
+        for s in list(self.streams.values()):
+            await self.api.run(s.cc.close)
+        self.streams.clear()
+
+
+def _stream_id(request):
+    try:
+        return check_client(request.match_info["stream"])
+    except ValueError as exc:
+        raise ApiError(400, "InvalidRequest", str(exc).replace("client id", "stream id")) \
+            from None
+
+
+def _int_path(request, key):
+    try:
+        value = int(request.match_info[key])
+    except ValueError:
+        raise ApiError(400, "InvalidRequest", f"{key} must be an integer") from None
+    if value < 0:
+        raise ApiError(400, "ValidationError", f"{key} must not be negative")
+    return value
+
+
+def _receive(cc, n, vt, policy):
+    import ackqueue
+    with cc.lock:
+        try:
+            return cc.conn.get_many(n, block=False, messages=True, raw=True,
+                                    visibility_timeout=vt, policy=policy)
+        except ackqueue.Empty:
+            return []
+
+
+def _renew(cc, messages, vt):
+    """Extend the lease of messages still held; those given back already are dropped."""
+    kept = []
+    with cc.lock:
+        for m in messages:
+            try:
+                cc.queue.change_visibility(m, vt)
+                kept.append(m)
+            except (NotHeld, StaleAck):
+                pass
+    return kept
+
+
+def _ack_all(cc, messages):
+    """Acknowledge what is still held (one commit); a delivery given back is skipped."""
+    if not messages:
+        return 0
+    with cc.lock:
+        try:
+            cc.queue.ack_many(messages)
+            return len(messages)
+        except StaleAck:
+            pass
+        done = 0
+        for m in messages:
+            try:
+                cc.queue.ack_many([m])
+                done += 1
+            except StaleAck:
+                pass
+        return done
+
+
+def _dead_letter(cc, m, dlq):
+    """Move m to queue dlq (None: drop it): put it there once (a dedup id per message makes
+    a repeat harmless), then acknowledge it here."""
+    if dlq is not None:
+        try:
+            dlq.put_many([m.body], encoded=True, dedup_ids=[f"dead:{m.queue}:{int(m.id)}"],
+                         attributes=dict(m.attributes or {}) or None)
+        except DuplicateMessage:
+            pass
+    _ack_all(cc, [m])
+
+
+def _frames(messages, extra_reads):
+    head = [{"id": int(m.id), "receive_count": m.receive_count + extra_reads,
+             "sent_at": m.sent_at, "priority": m.priority, "attributes": m.attributes,
+             "encoding": codec.kind(m.body)} for m in messages]
+    parts = [json.dumps({"messages": head}, separators=(",", ":")).encode()]
+    parts += [codec.payload(m.body) for m in messages]
+    return web.Response(body=encode_frames(parts), content_type=FRAMES)
+
+
+async def read_batch(request):
+    api = request.app["api"]
+    leases = request.app["batch_leases"]
+    name, stream_id = _name(request), _stream_id(request)
+    key = (_int_path(request, "seq"), _int_path(request, "part"))
+    n = _number(request, "max", 1, lo=1, hi=MAX_BATCH_RECEIVE, integer=True)
+    vt = _number(request, "visibility_timeout", 30.0, lo=0.001, hi=43200)
+    max_receives = _number(request, "max_receives", None, lo=1, hi=1000, integer=True)
+    dead_letter = request.query.get("dead_letter")
+    if dead_letter is not None:
+        dead_letter = _name_of(dead_letter)
+        if dead_letter == name:
+            raise ApiError(400, "ValidationError", "a queue cannot be its own dead letter")
+    s = await leases.stream(name, stream_id)
+    leases.sweep(s)
+    if key[0] <= s.committed:
+        return _frames([], 0)
+    rec = s.records.get(key)
+    q = s.cc.queue
+    if rec is None:
+        policy = q._dead_letter_policy(max_receives, dead_letter)
+        got = await api.run(_receive, s.cc, n, vt, policy)
+        rec = s.records[key] = Record(got, leases.clock() + vt)
+        return _frames(got, 0)
+    rec.reads += 1
+    rec.messages = await api.run(_renew, s.cc, rec.messages, vt)
+    rec.deadline = leases.clock() + vt
+    extra = rec.reads - 1
+    if max_receives is not None:
+        dead = [m for m in rec.messages if m.receive_count + extra > max_receives]
+        if dead:
+            dlq = None if dead_letter is None else await api.queue(dead_letter)
+            for m in dead:
+                await api.run(_dead_letter, s.cc, m, dlq)
+            gone = {int(m.id) for m in dead}
+            rec.messages = [m for m in rec.messages if int(m.id) not in gone]
+    return _frames(rec.messages, extra)
+
+
+def _name_of(value):
+    from .core import check_name
+    try:
+        return check_name(value)
+    except ValueError as exc:
+        raise ApiError(400, "InvalidRequest", f"dead_letter: {exc}") from None
+
+
+async def commit_stream(request):
+    api = request.app["api"]
+    leases = request.app["batch_leases"]
+    name, stream_id = _name(request), _stream_id(request)
+    upto = _number(request, "upto", None, lo=0, integer=True)
+    if upto is None:
+        raise ApiError(400, "InvalidRequest", "upto (the last seq to commit) is required")
+    s = await leases.stream(name, stream_id)
+    keys = [k for k in s.records if k[0] <= upto]
+    messages = [m for k in keys for m in s.records[k].messages]
+    acked = await api.run(_ack_all, s.cc, messages)
+    for k in keys:
+        s.records.pop(k, None)
+    s.committed = max(s.committed, upto)
+    return web.json_response({"acked": acked, "committed": s.committed})
+
+
+def _rows_header(data):
+    try:
+        parts = decode_frames(data)
+        head = json.loads(parts[0])
+        dedup_ids = head["dedup_ids"]
+        bodies = parts[1:]
+        priorities = head.get("priorities") or [store.DEFAULT_PRIORITY] * len(bodies)
+        attributes = head.get("attributes") or [None] * len(bodies)
+        if not (len(dedup_ids) == len(priorities) == len(attributes) == len(bodies)):
+            raise ValueError("one dedup id, priority and attributes per row")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise ApiError(400, "InvalidRequest", f"bad rows request: {exc}") from None
+    if len(bodies) > MAX_BATCH:
+        raise ApiError(400, "ValidationError", f"at most {MAX_BATCH} rows a request")
+    return bodies, dedup_ids, priorities, attributes
+
+
+def _put_rows(q, groups, window):
+    """Put each group (rows of one priority and attributes) in one commit; a group that
+    holds a dedup id put before is put row by row, skipping the duplicates."""
+    conn = q.connect(thread_bound=False)
+    put = dup = 0
+    try:
+        for (priority, attrs), rows in groups:
+            opts = PutOptions(priority, 0.0, q.retention, attrs, window)
+            try:
+                conn.put_many([b for b, _ in rows], opts=opts,
+                              dedup_ids=[d for _, d in rows], encoded=True)
+                put += len(rows)
+                continue
+            except DuplicateMessage:
+                pass
+            for body, dedup_id in rows:
+                try:
+                    conn.put_many([body], opts=opts, dedup_ids=[dedup_id], encoded=True)
+                    put += 1
+                except DuplicateMessage:
+                    dup += 1
+    finally:
+        conn.close()
+    return put, dup
+
+
+async def put_rows(request):
+    api = request.app["api"]
+    name = _name(request)
+    what = request.query.get("encoding", codec.BYTES)
+    if what not in codec.CODECS:
+        raise ApiError(400, "ValidationError", f"encoding must be one of {codec.CODECS}")
+    window = _number(request, "dedup_window", DEFAULT_ROW_DEDUP_WINDOW, lo=1,
+                     hi=store.MAX_RETENTION)
+    bodies, dedup_ids, priorities, attributes = _rows_header(await request.read())
+    groups = []
+    for i, (body, d, p, a) in enumerate(zip(bodies, dedup_ids, priorities, attributes)):
+        if not isinstance(d, str) or not 0 < len(d) <= 128:
+            raise ApiError(400, "ValidationError", f"row {i}: a dedup id has 1-128 chars")
+        if not isinstance(p, int) or not 0 <= p <= store.PRIORITY_MAX:
+            raise ApiError(400, "ValidationError", f"row {i}: bad priority {p!r}")
+        if a is not None and not (isinstance(a, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in a.items())):
+            raise ApiError(400, "ValidationError", f"row {i}: attributes map str to str")
+        attrs = tuple(sorted(a.items())) or None if a else None
+        if groups and groups[-1][0] == (p, attrs):
+            groups[-1][1].append((_marked(what, body, i), d))
+        else:
+            groups.append(((p, attrs), [(_marked(what, body, i), d)]))
+    q = await api.queue(name)
+    put, dup = await api.run(_put_rows, q, groups, window)
+    return web.json_response({"put": put, "duplicates": dup})
+
+
+def add_routes(app, api):
+    """The stream processors' routes (one call in make_app)."""
+    app["batch_leases"] = leases = BatchLeases(api)
+    app.on_shutdown.append(leases.close)
+    r = app.router
+    r.add_post("/v1/queues/{name}/streams/{stream}/batches/{seq}/{part}", read_batch)
+    r.add_post("/v1/queues/{name}/streams/{stream}/commit", commit_stream)
+    r.add_post("/v1/queues/{name}/rows", put_rows)
