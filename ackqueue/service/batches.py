@@ -10,10 +10,14 @@ a record for each batch part, keyed by the part's sequence number and index:
 [&max_receives=K&dead_letter=Q]``
     The first call receives up to N ready messages (not waiting) for the record and holds
     them for S seconds; every later call returns the same messages, their lease renewed
-    for S seconds from then.  Each call counts as one receive of its messages: the
-    ``receive_count`` returned is the queue's count plus the calls after the first, and a
-    message past max_receives is moved to the queue dead_letter (or dropped) at the call
-    that would deliver it once more, as the queue's own rule does at a get.  A record whose
+    for S seconds from then.  Each call counts as one receive of its messages (the
+    ``receive_count`` returned is the queue's count plus the calls after the first).  With
+    max_receives, a record read more than max_receives times is failing its processor
+    each time: one message alone is moved to the queue dead_letter (or dropped); more are
+    halved, the second half given back to the queue and the first half kept under a fresh
+    count (see _isolate); so a replay is exact for the first max_receives reads.  The first
+    receive applies the queue's own rule (a message received max_receives times goes to
+    dead_letter at the get that would deliver it once more).  A record whose
     lease ran out is dropped (its messages went back to the queue) and the call receives
     afresh.  A part of a batch already committed (seq at or below the stream's commit)
     returns nothing.  The answer is frames (ackqueue.service.http.encode_frames): a JSON
@@ -208,16 +212,35 @@ async def read_batch(request):
     rec.reads += 1
     rec.messages = await api.run(_renew, s.cc, rec.messages, vt)
     rec.deadline = leases.clock() + vt
-    extra = rec.reads - 1
-    if max_receives is not None:
-        dead = [m for m in rec.messages if m.receive_count + extra > max_receives]
-        if dead:
-            dlq = None if dead_letter is None else await api.queue(dead_letter)
-            for m in dead:
-                await api.run(_dead_letter, s.cc, m, dlq)
-            gone = {int(m.id) for m in dead}
-            rec.messages = [m for m in rec.messages if int(m.id) not in gone]
-    return _frames(rec.messages, extra)
+    if max_receives is not None and rec.reads > max_receives and rec.messages:
+        await _isolate(api, s.cc, rec, dead_letter)
+    return _frames(rec.messages, rec.reads - 1)
+
+
+async def _isolate(api, cc, rec, dead_letter):
+    """A batch part read more than max_receives times: the processor fails on it each
+    time, and which message is to blame is not known.  One message alone goes to the
+    dead-letter queue; more are halved, the second half given back to the queue and the
+    first half read again from a fresh count, so a poison message is cornered in about
+    max_receives * log2(n) attempts while its batch-mates go on."""
+    if len(rec.messages) == 1:
+        dlq = None if dead_letter is None else await api.queue(dead_letter)
+        await api.run(_dead_letter, cc, rec.messages[0], dlq)
+        rec.messages = []
+        return
+    keep = (len(rec.messages) + 1) // 2
+    await api.run(_give_back, cc, rec.messages[keep:])
+    rec.messages = rec.messages[:keep]
+    rec.reads = 1
+
+
+def _give_back(cc, messages):
+    with cc.lock:
+        for m in messages:
+            try:
+                cc.conn.nack(m)
+            except (NotHeld, StaleAck):
+                pass
 
 
 def _name_of(value):

@@ -42,11 +42,16 @@ Design of the streaming source (at least once, no loss, exact replay):
 - Leases of a query that never comes back run out after visibilityTimeout and the queue
   gives their messages back to other consumers (at least once); a query restarted after
   that reads those batches afresh.
-- Poison messages.  Every read of a record counts as one receive (receive_count grows on
-  each replay); with maxReceives, a message past it is moved to deadLetterQueue (or dropped)
-  at the read that would deliver it once more, and the replayed batch goes on without it.
-  A job that reads one micro-batch twice (two actions on it in foreachBatch without a
-  cache) counts two receives.
+- Poison messages.  Spark fails a whole micro-batch when one row fails, and nothing says
+  which row it was.  Every read of a record counts as one receive (receive_count grows on
+  each replay).  With maxReceives, a batch part read more than maxReceives times is
+  isolating its culprit: a part of one message goes to deadLetterQueue (or is dropped) and
+  the batch goes on without it; a larger part keeps its first half (under a fresh count)
+  and gives the second half back to the queue, where later batches receive it.  So a
+  poison message reaches the dead-letter queue after about maxReceives * log2(n) failed
+  attempts and its batch-mates are processed; replays stay exact until maxReceives
+  attempts have failed.  A job that reads one micro-batch twice (two actions on it in
+  foreachBatch without a cache) counts two receives.
 - Not covered: a restart of the *service* gives every lease back (the queue's own rule for
   a process that dies), so batches replayed after it read what is ready then (still no
   loss).
