@@ -139,6 +139,9 @@ def run_scenarios(report, keys, contenders, shared, args, tmp_root):
             report["scenarios"]["service"] = service.run(args, shared, tmp_root)
         elif key == "f":
             report["scenarios"]["f"] = f_scale.run(args, contenders, tmp_root)
+        elif key == "spark":
+            from benchmarks.scenarios import spark
+            report["scenarios"]["spark"] = spark.run(args, shared, tmp_root)
 
 
 def main(argv=None):
