@@ -4,7 +4,7 @@ import datetime
 
 from .client import Client
 
-__all__ = ["SCHEMA", "Options", "to_row"]
+__all__ = ["SCHEMA", "Options", "to_row", "to_arrow"]
 
 SCHEMA = ("id LONG, body BINARY, text STRING, encoding STRING, "
           "attributes MAP<STRING, STRING>, receive_count INT, sent_at TIMESTAMP, "
@@ -81,3 +81,28 @@ def to_row(head, payload, state):
             head.get("receive_count"),
             datetime.datetime.fromtimestamp(head["sent_at"], _UTC), head.get("priority"),
             state)
+
+
+def to_arrow(got, state):
+    """The messages got ([(header, payload)]) as one pyarrow RecordBatch of SCHEMA: Spark
+    takes it without converting row by row (several times faster than tuples)."""
+    import pyarrow as pa
+    heads = [h for h, _ in got]
+    payloads = [p for _, p in got]
+    encodings = [h.get("encoding") for h in heads]
+    columns = [
+        pa.array([h["id"] for h in heads], pa.int64()),
+        pa.array(payloads, pa.binary()),
+        pa.array([_text(e, p) for e, p in zip(encodings, payloads)], pa.string()),
+        pa.array(encodings, pa.string()),
+        pa.array([list((h.get("attributes") or {}).items()) for h in heads],
+                 pa.map_(pa.string(), pa.string())),
+        pa.array([h.get("receive_count") for h in heads], pa.int32()),
+        pa.array([round(h["sent_at"] * 1e6) for h in heads], pa.int64()).cast(
+            pa.timestamp("us", tz="UTC")),
+        pa.array([h.get("priority") for h in heads], pa.int32()),
+        pa.array([state] * len(heads), pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, names=[
+        "id", "body", "text", "encoding", "attributes", "receive_count", "sent_at",
+        "priority", "state"])

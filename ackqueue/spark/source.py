@@ -18,7 +18,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
 
-from .options import to_row
+from .options import to_arrow
 
 __all__ = ["StreamReader", "BatchPart"]
 
@@ -77,7 +77,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         got = self.client.read_batch(o.queue, partition.stream, partition.seq,
                                      partition.part, partition.n, o.visibility_timeout,
                                      o.max_receives, o.dead_letter)
-        return (to_row(head, payload, "in_flight") for head, payload in got)
+        return iter([to_arrow(got, "in_flight")] if got else [])
 
     def commit(self, end):
         self.client.commit(self.options.queue, end["stream"], end["seq"])

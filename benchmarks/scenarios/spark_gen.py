@@ -1,12 +1,8 @@
 """A Python streaming data source that only generates rows (a floor for (spark)): n rows
-in micro-batches of `batch`, no I/O, the same row shape as the ackqueue source."""
-import datetime
-
+in micro-batches of `batch`, no I/O, the same row shape as the ackqueue source, handed to
+Spark the same way (one Arrow RecordBatch per partition)."""
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-
-_EPOCH = datetime.datetime.fromtimestamp(0, datetime.timezone.utc)
-
 
 class GenSource(DataSource):
     @classmethod
@@ -39,8 +35,10 @@ class GenReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [InputPartition((start["at"], mid)), InputPartition((mid, end["at"]))]
 
     def read(self, partition):
+        from ackqueue.spark.options import to_arrow
         lo, hi = partition.value
         body = b'{"n": 0, "payload": "' + b"x" * 70 + b'"}'
-        text = body.decode()
-        return ((i, body, text, "str", {}, 1, _EPOCH, 100, "in_flight")
-                for i in range(lo, hi))
+        head = {"encoding": "str", "attributes": {}, "receive_count": 1, "sent_at": 0.0,
+                "priority": 100}
+        got = [(dict(head, id=i), body) for i in range(lo, hi)]
+        return iter([to_arrow(got, "in_flight")] if got else [])
