@@ -36,6 +36,7 @@ The records live in the service process: they survive the processor's crash (the
 they exist for), not the service's (a restarted service has given every lease back, so
 the messages are received again in later batches: at least once still holds).
 """
+import asyncio
 import json
 import time
 
@@ -67,12 +68,14 @@ class Record:
 
 
 class Stream:
-    __slots__ = ("cc", "records", "committed")
+    __slots__ = ("cc", "records", "committed", "lock")
 
     def __init__(self, cc):
         self.cc = cc
         self.records = {}               # (seq, part) -> Record
         self.committed = -1
+        # Two reads of one record at once (a speculative task) must not both receive.
+        self.lock = asyncio.Lock()
 
 
 class BatchLeases:
@@ -152,14 +155,14 @@ def _ack_all(cc, messages):
         try:
             cc.queue.ack_many(messages)
             return len(messages)
-        except StaleAck:
+        except (StaleAck, NotHeld):
             pass
         done = 0
         for m in messages:
             try:
                 cc.queue.ack_many([m])
                 done += 1
-            except StaleAck:
+            except (StaleAck, NotHeld):
                 pass
         return done
 
@@ -199,22 +202,28 @@ async def read_batch(request):
         if dead_letter == name:
             raise ApiError(400, "ValidationError", "a queue cannot be its own dead letter")
     s = await leases.stream(name, stream_id)
+    async with s.lock:
+        messages, extra = await _lease(api, leases, s, key, n, vt, max_receives, dead_letter)
+    return _frames(messages, extra)
+
+
+async def _lease(api, leases, s, key, n, vt, max_receives, dead_letter):
+    """(messages, reads before this one) of the record key of stream s."""
     leases.sweep(s)
     if key[0] <= s.committed:
-        return _frames([], 0)
+        return [], 0
     rec = s.records.get(key)
-    q = s.cc.queue
     if rec is None:
-        policy = q._dead_letter_policy(max_receives, dead_letter)
+        policy = s.cc.queue._dead_letter_policy(max_receives, dead_letter)
         got = await api.run(_receive, s.cc, n, vt, policy)
-        rec = s.records[key] = Record(got, leases.clock() + vt)
-        return _frames(got, 0)
+        s.records[key] = Record(got, leases.clock() + vt)
+        return got, 0
     rec.reads += 1
     rec.messages = await api.run(_renew, s.cc, rec.messages, vt)
     rec.deadline = leases.clock() + vt
     if max_receives is not None and rec.reads > max_receives and rec.messages:
         await _isolate(api, s.cc, rec, dead_letter)
-    return _frames(rec.messages, rec.reads - 1)
+    return rec.messages, rec.reads - 1
 
 
 async def _isolate(api, cc, rec, dead_letter):
