@@ -44,13 +44,14 @@ from aiohttp import web
 
 from ackqueue import codec, store
 from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
+from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 from ackqueue.state import PutOptions
 
 from .core import ClientConn, check_client
 from .http import (FRAMES, MAX_BATCH, ApiError, _marked, _name, _number, decode_frames,
                    encode_frames)
 
-__all__ = ["add_routes", "BatchLeases"]
+__all__ = ["add_routes", "BatchLeases", "OPENAPI_PATHS"]
 
 MAX_BATCH_RECEIVE = 10000
 DEFAULT_ROW_DEDUP_WINDOW = 86400.0
@@ -320,24 +321,36 @@ def _put_rows(q, groups, window):
     return put, dup
 
 
+def _check_row(i, body, dedup_id, priority, attributes, max_body):
+    if len(body) > max_body:
+        raise ApiError(413, "MessageSizeExceeded", f"row {i} is over {max_body} bytes",
+                       index=i)
+    if not isinstance(dedup_id, str) or not 0 < len(dedup_id) <= MAX_DEDUP_ID:
+        raise ApiError(400, "ValidationError",
+                       f"row {i}: a dedup id has 1 to {MAX_DEDUP_ID} characters")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not (
+            0 <= priority <= store.PRIORITY_MAX):
+        raise ApiError(400, "ValidationError", f"row {i}: bad priority {priority!r}")
+    if attributes is not None and not (
+            isinstance(attributes, dict) and len(attributes) <= MAX_ATTRIBUTES and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in attributes.items())):
+        raise ApiError(400, "ValidationError", f"row {i}: attributes are at most "
+                       f"{MAX_ATTRIBUTES} pairs of strings")
+
+
 async def put_rows(request):
     api = request.app["api"]
     name = _name(request)
     what = request.query.get("encoding", codec.BYTES)
     if what not in codec.CODECS:
-        raise ApiError(400, "ValidationError", f"encoding must be one of {codec.CODECS}")
+        raise ApiError(400, "ValidationError",
+                       f"encoding must be one of {', '.join(codec.CODECS)}")
     window = _number(request, "dedup_window", DEFAULT_ROW_DEDUP_WINDOW, lo=1,
                      hi=store.MAX_RETENTION)
     bodies, dedup_ids, priorities, attributes = _rows_header(await request.read())
     groups = []
     for i, (body, d, p, a) in enumerate(zip(bodies, dedup_ids, priorities, attributes)):
-        if not isinstance(d, str) or not 0 < len(d) <= 128:
-            raise ApiError(400, "ValidationError", f"row {i}: a dedup id has 1-128 chars")
-        if not isinstance(p, int) or not 0 <= p <= store.PRIORITY_MAX:
-            raise ApiError(400, "ValidationError", f"row {i}: bad priority {p!r}")
-        if a is not None and not (isinstance(a, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in a.items())):
-            raise ApiError(400, "ValidationError", f"row {i}: attributes map str to str")
+        _check_row(i, body, d, p, a, api.max_body)
         attrs = tuple(sorted(a.items())) or None if a else None
         if groups and groups[-1][0] == (p, attrs):
             groups[-1][1].append((_marked(what, body, i), d))
@@ -356,3 +369,70 @@ def add_routes(app, api):
     r.add_post("/v1/queues/{name}/streams/{stream}/batches/{seq}/{part}", read_batch)
     r.add_post("/v1/queues/{name}/streams/{stream}/commit", commit_stream)
     r.add_post("/v1/queues/{name}/rows", put_rows)
+
+
+def _p(name, where, schema, description, required=False):
+    return {"name": name, "in": where, "required": required, "schema": schema,
+            "description": description}
+
+
+def _err():
+    return {"description": "error", "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+_QUEUE = _p("name", "path", {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,80}$"},
+            "queue name", True)
+_STREAM = _p("stream", "path", {"type": "string", "pattern": "^[A-Za-z0-9_.:\\-]{1,128}$"},
+             "the stream's id (kept by the processor, e.g. in its checkpoint)", True)
+_FRAMES_BODY = {"required": True, "content": {FRAMES: {"schema": {"type": "string",
+                                                                  "format": "binary"}}}}
+OPENAPI_PATHS = {
+    "/v1/queues/{name}/streams/{stream}/batches/{seq}/{part}": {"post": {
+        "summary": "a leased batch part: the first call receives up to max messages and "
+                   "holds them under (stream, seq, part); later calls return the same "
+                   "ones until the stream commits seq (service/batches.py)",
+        "parameters": [
+            _QUEUE, _STREAM,
+            _p("seq", "path", {"type": "integer", "minimum": 0}, "batch number", True),
+            _p("part", "path", {"type": "integer", "minimum": 0}, "part of the batch", True),
+            _p("max", "query", {"type": "integer", "minimum": 1,
+                                "maximum": MAX_BATCH_RECEIVE, "default": 1},
+               "most messages the part receives"),
+            _p("visibility_timeout", "query", {"type": "number", "minimum": 0.001,
+                                               "maximum": 43200, "default": 30},
+               "seconds the part's messages stay leased from this call"),
+            _p("max_receives", "query", {"type": "integer", "minimum": 1, "maximum": 1000},
+               "reads of the part after which it is halved, or one message dead-lettered"),
+            _p("dead_letter", "query", {"type": "string"}, "the dead-letter queue")],
+        "responses": {"200": {"description": "frames: a JSON header, then the bodies",
+                              "content": {FRAMES: {"schema": {"type": "string",
+                                                              "format": "binary"}}}},
+                      "400": _err(), "500": _err()}}},
+    "/v1/queues/{name}/streams/{stream}/commit": {"post": {
+        "summary": "acknowledge every batch part of the stream up to seq upto "
+                   "(cumulative, idempotent)",
+        "parameters": [_QUEUE, _STREAM,
+                       _p("upto", "query", {"type": "integer", "minimum": 0},
+                          "the last batch committed", True)],
+        "responses": {"200": {"description": "ok", "content": {"application/json": {
+            "schema": {"type": "object", "properties": {
+                "acked": {"type": "integer"}, "committed": {"type": "integer"}}}}}},
+            "400": _err(), "500": _err()}}},
+    "/v1/queues/{name}/rows": {"post": {
+        "summary": "put rows, each under its own dedup id; a row put before within "
+                   "dedup_window seconds is skipped (counted as a duplicate)",
+        "parameters": [
+            _QUEUE,
+            _p("encoding", "query", {"type": "string",
+                                     "enum": ["str", "bytes", "json", "pickle"]},
+               "what every body holds (default bytes)"),
+            _p("dedup_window", "query", {"type": "number", "minimum": 1,
+                                         "maximum": 1209600, "default": 86400},
+               "seconds a dedup id is remembered")],
+        "requestBody": _FRAMES_BODY,
+        "responses": {"200": {"description": "ok", "content": {"application/json": {
+            "schema": {"type": "object", "properties": {
+                "put": {"type": "integer"}, "duplicates": {"type": "integer"}}}}}},
+            "400": _err(), "413": _err(), "500": _err()}}},
+}
