@@ -174,8 +174,20 @@ def test_snapshot_read_changes_nothing(service, spark):
     assert q.counts() == {"ready": 3, "in_flight": 0, "delayed": 0}
 
 
-def test_batch_write_puts_each_row_once(service, spark):
-    df = spark.createDataFrame([("x", 1), ("y", 2), ("x", 3)], "body string, priority int")
+def test_batch_write_puts_rows_with_their_priority_and_attributes(service, spark):
+    df = spark.createDataFrame(
+        [("x", 1, {"k": "1"}), ("y", 200, None), ("x", 1, {"k": "1"})],
+        "body string, priority int, attributes map<string,string>")
     (df.write.format("ackqueue").option("url", service.url).option("queue", "written")
      .mode("append").save())
-    assert sorted(bodies(service.url, "written")) == ["x", "x", "y"]
+    q = AckQueue(path=service.url, name="written")
+    got = [q.get_message(timeout=10) for _ in range(3)]
+    assert [(m.body, m.priority, m.attributes) for m in got] == [
+        ("y", 200, {}), ("x", 1, {"k": "1"}), ("x", 1, {"k": "1"})]   # equal rows both put
+    assert q.qsize() == 0
+    q.ack_many(got)
+    plain = spark.createDataFrame([(b"\x00",)], "body binary")
+    (plain.write.format("ackqueue").option("url", service.url).option("queue", "plain")
+     .mode("append").save())
+    m = AckQueue(path=service.url, name="plain").get_message(timeout=10)
+    assert (m.body, m.priority) == (b"\x00", 100)          # the queue's default priority
