@@ -9,7 +9,8 @@ For micro-batches of 1,000 and 10,000 messages, messages/s through
 - the JSON file source into the ackqueue sink (rows put with dedup ids).
 and the floors under the queue source, measured in the same run: a Python data source that
 only generates rows (the cost of Spark's Python source path, no I/O), and the service's
-leased-batch path alone (read + commit requests from one Python process, no Spark).
+leased-batch path alone (read + commit requests from one Python process, no Spark); and
+under the sink, the service's row-put path alone (1,000 rows a request with dedup ids).
 
 Each rate is rows over the summed ``triggerExecution`` time of the micro-batches that had
 rows (Spark's own progress reports), so the query's start-up is left out alike for all.
@@ -100,6 +101,21 @@ def _service_floor(url, queue, n, batch):
     return {"rows": got, "seconds": secs, "batches": seq, "rate": got / secs}
 
 
+def _sink_floor(url, queue, n):
+    """The row-put path alone: 1,000 rows a request with dedup ids, as the sink sends."""
+    from ackqueue.spark.client import Client
+    c = Client(url)
+    rows, t0 = 0, time.perf_counter()
+    for start in range(0, n, 1000):
+        bodies = [_body(i).encode() for i in range(start, min(n, start + 1000))]
+        c.put_rows(queue, bodies, [f"floor:{start + i}" for i in range(len(bodies))],
+                   [100] * len(bodies), [None] * len(bodies), "str", 86400)
+        rows += len(bodies)
+    secs = time.perf_counter() - t0
+    c.close()
+    return {"rows": rows, "seconds": secs, "batches": (n + 999) // 1000, "rate": rows / secs}
+
+
 def _one(out, name, fn):
     try:
         out[name] = fn()
@@ -170,7 +186,9 @@ def _batch_size(spark, server, tmp, n, batch):
                      ("ackqueue source", ackqueue_source),
                      ("JSON file source -> ackqueue sink", ackqueue_sink),
                      ("service leased-batch path, no Spark",
-                      lambda: _service_floor(url, f"floor-{batch}", n, batch))):
+                      lambda: _service_floor(url, f"floor-{batch}", n, batch)),
+                     ("service row-put path, no Spark",
+                      lambda: _sink_floor(url, f"sink-floor-{batch}", n))):
         _one(out, name, fn)
     from ackqueue import AckQueue
     out["ackqueue source left"] = AckQueue(path=url, name=f"src-{batch}").counts()
