@@ -13,11 +13,12 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "aiohttp>=3.9",
                  "click>=8.1", "rich>=13", "prometheus_client>=0.17", "schemathesis>=4",
-                 "boto3>=1.34", "awscli>=1.32"],
+                 "boto3>=1.34", "awscli>=1.32", "pyspark>=4", "pyarrow"],
         "service": ["aiohttp>=3.9", "prometheus_client>=0.17"],
         "cli": ["rich>=13"],
+        "spark": ["pyspark>=4", "pyarrow"],
         "bench": ["persist-queue>=1.0", "litequeue>=0.9", "matplotlib>=3.7", "psutil>=5.9",
-                  "aiohttp>=3.9", "boto3>=1.34", "moto[server]>=5"],
+                  "aiohttp>=3.9", "boto3>=1.34", "moto[server]>=5", "pyspark>=4", "pyarrow"],
     },
     entry_points={"console_scripts": ["ackqueue=ackqueue.cli:main"]},
 )

@@ -142,6 +142,9 @@ def run_scenarios(report, keys, contenders, shared, args, tmp_root):
         elif key == "sqs":
             from benchmarks.scenarios import sqs
             report["scenarios"]["sqs"] = sqs.run(args, shared, tmp_root)
+        elif key == "spark":
+            from benchmarks.scenarios import spark
+            report["scenarios"]["spark"] = spark.run(args, shared, tmp_root)
 
 
 def main(argv=None):

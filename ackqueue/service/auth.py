@@ -72,6 +72,10 @@ ROUTES = {
     ("POST", "/v1/pack"): ("admin", "all"),
     ("POST", "/v1/leases/{client}"): ("read", "lease"),
     ("DELETE", "/v1/leases/{client}"): ("read", "lease"),
+    # leased batches and row puts of stream processors (service/batches.py)
+    ("POST", "/v1/queues/{name}/streams/{stream}/batches/{seq}/{part}"): ("read", "path"),
+    ("POST", "/v1/queues/{name}/streams/{stream}/commit"): ("read", "path"),
+    ("POST", "/v1/queues/{name}/rows"): ("write", "path"),
     # figures
     ("GET", "/stats"): ("admin", "all"),
     ("GET", "/stats.json"): ("admin", "all"),

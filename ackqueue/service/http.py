@@ -708,10 +708,11 @@ def make_app(service, *, pool_size=64, max_body=1 << 20, client_timeout=60.0,
     r.add_get("/v1/queues/{name}/browse", api.browse)
     r.add_post("/v1/leases/{client}", api.renew)
     r.add_delete("/v1/leases/{client}", api.end_lease)
-    from . import admin, batch, codecs, stats
+    from . import admin, batch, batches, codecs, stats
     batch.add_routes(app, api)                  # POST /v1/batch (batch.py)
     admin.add_routes(app, api)                  # redrive, pack (admin.py)
     codecs.add_routes(app, api)                 # /v1/queues/{name}/codec (codecs.py)
+    batches.add_routes(app, api)                # leased batches, row puts (stream processors)
     stats.add_routes(app, api)                  # /stats, /stats.json, /metrics (stats.py)
     from .sasquatch import add_routes as add_sasquatch_routes
     add_sasquatch_routes(app, api, sasquatch)   # Sasquatch's API on the same port

@@ -65,6 +65,11 @@ def _sasquatch_paths():
     return OPENAPI_PATHS
 
 
+def _batches_paths():
+    from .batches import OPENAPI_PATHS
+    return OPENAPI_PATHS
+
+
 def document():
     """The OpenAPI document of the native API (and, merged in, Sasquatch's paths).  Longer
     than 60 lines on purpose: it is one data literal, read top to bottom like the API."""
@@ -203,6 +208,7 @@ def document():
                                            "schema": {"type": "string"}}],
                            "responses": {"200": _ok({"type": "object"}), **_errors(400)}}},
             **_sasquatch_paths(),        # Sasquatch's API, on the same port
+            **_batches_paths(),          # stream processors' routes (service/batches.py)
         },
         "components": {"schemas": {
             "Error": {"type": "object", "properties": {"error": {

@@ -197,6 +197,9 @@ def _scenario(key, sc, report):
         return markdown_scale(sc, (a.get("median") or {}).get("put_rate"))
     if key == "g":
         return markdown_g(sc)
+    if key == "spark":
+        from benchmarks.report.markdown_spark import markdown_spark
+        return markdown_spark(sc)
     if key == "service":
         from benchmarks.report.markdown_service import markdown_service
         return markdown_service(sc, report)

@@ -11,7 +11,7 @@ from benchmarks.scenarios import (a_put_then_get, b_one_at_a_time, c_threads, d_
 
 TABLE = {m.KEY: m for m in (a_put_then_get, b_one_at_a_time, c_threads, d_batches, e_wake)}
 SHARED_SCENARIOS = ("e_xproc", "g")       # across processes
-ALL_KEYS = ["a", "b", "c", "d", "e", "e_xproc", "f", "g", "service", "sqs"]
+ALL_KEYS = ["a", "b", "c", "d", "e", "e_xproc", "f", "g", "service", "sqs", "spark"]
 
 TABLE_COLUMNS = {key: m.COLUMNS for key, m in TABLE.items()}
 TABLE_COLUMNS[e_xproc.KEY] = e_xproc.COLUMNS
