@@ -48,7 +48,7 @@ from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 from ackqueue.state import PutOptions
 
 from .core import ClientConn, check_client
-from .http import (FRAMES, MAX_BATCH, ApiError, _marked, _name, _number, decode_frames,
+from .http import (API, FRAMES, MAX_BATCH, ApiError, _marked, _name, _number, decode_frames,
                    encode_frames)
 
 __all__ = ["add_routes", "BatchLeases", "OPENAPI_PATHS"]
@@ -190,8 +190,8 @@ def _frames(messages, extra_reads):
 
 
 async def read_batch(request):
-    api = request.app["api"]
-    leases = request.app["batch_leases"]
+    api = request.app[API]
+    leases = request.app[BATCH_LEASES]
     name, stream_id = _name(request), _stream_id(request)
     key = (_int_path(request, "seq"), _int_path(request, "part"))
     n = _number(request, "max", 1, lo=1, hi=MAX_BATCH_RECEIVE, integer=True)
@@ -262,8 +262,8 @@ def _name_of(value):
 
 
 async def commit_stream(request):
-    api = request.app["api"]
-    leases = request.app["batch_leases"]
+    api = request.app[API]
+    leases = request.app[BATCH_LEASES]
     name, stream_id = _name(request), _stream_id(request)
     upto = _number(request, "upto", None, lo=0, integer=True)
     if upto is None:
@@ -339,7 +339,7 @@ def _check_row(i, body, dedup_id, priority, attributes, max_body):
 
 
 async def put_rows(request):
-    api = request.app["api"]
+    api = request.app[API]
     name = _name(request)
     what = request.query.get("encoding", codec.BYTES)
     if what not in codec.CODECS:
@@ -361,9 +361,12 @@ async def put_rows(request):
     return web.json_response({"put": put, "duplicates": dup})
 
 
+BATCH_LEASES = web.AppKey("batch_leases", BatchLeases)   # app[BATCH_LEASES]: the leases
+
+
 def add_routes(app, api):
     """The stream processors' routes (one call in make_app)."""
-    app["batch_leases"] = leases = BatchLeases(api)
+    app[BATCH_LEASES] = leases = BatchLeases(api)
     app.on_shutdown.append(leases.close)
     r = app.router
     r.add_post("/v1/queues/{name}/streams/{stream}/batches/{seq}/{part}", read_batch)
