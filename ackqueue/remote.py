@@ -38,7 +38,6 @@ import queue as _stdlib_queue
 import re
 import socket
 import ssl
-import struct
 import threading
 import time
 import urllib.parse
@@ -46,6 +45,7 @@ import uuid
 import weakref
 
 from . import access, codec, store
+from .frames import FRAMES, decode_frames, encode_frames
 from .connection import (ThreadBound, check_item_sizes, check_visibility, check_wait,
                          watch_thread_failure)
 from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ItemTooLarge, NotHeld,
@@ -64,8 +64,6 @@ POLL_INTERVAL = 0.05          # put() waiting for room under maxsize, join(): co
 TICK = 0.05                   # the background thread's period (deferred acks: 50 ms)
 REAP_INTERVAL = 0.2           # ended threads' holdings looked for
 UNREADABLE_DELAY = 60.0       # a received body that cannot be decoded is set aside so long
-FRAMES = "application/vnd.ackqueue.frames"
-_U32 = struct.Struct(">I")
 _DEFAULT = object()           # connection.DEFAULT's role: the queue's visibility timeout
 
 _CONTENT_TYPES = {codec.PICKLE: "application/x-python-pickle", codec.TEXT: "text/plain",
@@ -107,22 +105,6 @@ _open_lock = threading.Lock()
 _open_count = {}
 
 
-def _decode_frames(data):
-    parts, i, end = [], 0, len(data)
-    while i < end:
-        (n,) = _U32.unpack_from(data, i)
-        i += 4
-        parts.append(data[i:i + n])
-        i += n
-    return parts
-
-
-def _encode_frames(parts):
-    out = bytearray()
-    for p in parts:
-        out += _U32.pack(len(p))
-        out += p
-    return bytes(out)
 
 
 def _restore(encoding, payload):
@@ -529,7 +511,7 @@ def _put_request(bodies, query, headers):
                     for b in bodies]
     query.append(f"encoding={kind}")
     headers["Content-Type"] = "application/vnd.ackqueue.frames"
-    return "/batch", _encode_frames(payloads)
+    return "/batch", encode_frames(payloads)
 
 
 class RemoteState:
@@ -893,7 +875,7 @@ class RemoteConnection(ThreadBound):
         if isinstance(data, dict):         # a JSON answer (a service without frames)
             pairs = [(m, base64.b64decode(m["body"])) for m in data.get("messages", ())]
         else:
-            parts = _decode_frames(data)
+            parts = decode_frames(data)
             pairs = [(json.loads(parts[i]), parts[i + 1]) for i in range(0, len(parts), 2)]
         got, unreadable = [], None
         for meta, payload in pairs:

@@ -13,7 +13,6 @@ import itertools
 import json
 import logging
 import math
-import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 
 from ackqueue import codec, store
+from ackqueue.frames import FRAMES, decode_frames, encode_frames  # noqa: F401 (re-exported)
 from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 
@@ -31,11 +31,9 @@ __all__ = ["make_app", "API", "FRAMES", "encode_frames", "decode_frames"]
 
 log = logging.getLogger("ackqueue.service")
 
-FRAMES = "application/vnd.ackqueue.frames"
 MAX_BATCH = 1000
 MAX_RECEIVE = 100
 MAX_WAIT = 60.0
-_U32 = struct.Struct(">I")
 
 
 class ApiError(Exception):
@@ -52,27 +50,6 @@ def error_response(status, code, message, **extra):
 
 # -- framing ------------------------------------------------------------------------------
 
-def encode_frames(parts):
-    """bytes parts -> one body: each part as a 4-byte big-endian length and its bytes."""
-    out = bytearray()
-    for p in parts:
-        out += _U32.pack(len(p))
-        out += p
-    return bytes(out)
-
-
-def decode_frames(data):
-    parts, i, end = [], 0, len(data)
-    while i < end:
-        if end - i < 4:
-            raise ValueError("a frame's 4-byte length is cut short")
-        (n,) = _U32.unpack_from(data, i)
-        i += 4
-        if n > end - i:
-            raise ValueError("a frame is shorter than its length says")
-        parts.append(bytes(data[i:i + n]))
-        i += n
-    return parts
 
 
 # -- argument parsing ---------------------------------------------------------------------

@@ -8,36 +8,19 @@ pickled without it.
 import http.client
 import json
 import socket
-import struct
 import time
 import urllib.parse
 
+from ackqueue.frames import FRAMES, decode_frames, encode_frames
+
 __all__ = ["Client", "ServiceError", "encode_frames", "decode_frames"]
 
-FRAMES = "application/vnd.ackqueue.frames"
-_U32 = struct.Struct(">I")
 
 
 class ServiceError(RuntimeError):
     """The queue service refused a request or could not be reached."""
 
 
-def encode_frames(parts):
-    out = bytearray()
-    for p in parts:
-        out += _U32.pack(len(p))
-        out += p
-    return bytes(out)
-
-
-def decode_frames(data):
-    parts, i, end = [], 0, len(data)
-    while i < end:
-        (n,) = _U32.unpack_from(data, i)
-        i += 4
-        parts.append(bytes(data[i:i + n]))
-        i += n
-    return parts
 
 
 def _q(value):
