@@ -9,6 +9,7 @@ Threads: the maps (sessions, receipts, queues) are changed only in the event loo
 except ``Service.queue``, which opens a queue under a lock from a pool thread.  A client's
 connection to a queue (``ClientConn``) is used by one pool thread at a time, under its lock.
 """
+import queue as _stdlib_queue
 import re
 import secrets
 import threading
@@ -16,6 +17,7 @@ import time
 
 import ackqueue
 from ackqueue import AckQueue
+from ackqueue.errors import NotHeld
 from ackqueue.storage import open_database
 
 __all__ = ["Service", "Session", "Leases", "Delivery", "ClientConn", "check_name",
@@ -243,3 +245,25 @@ class Service:
             q.close()
         self.queues.clear()
         self._handle._release()
+
+
+def take_now(cc, n, vt, policy, shuffle=False):
+    """Up to n messages of a client's connection now, never waiting (pool thread), for the
+    fronts whose receives count a visibility of 0 (Sasquatch's explicit 0, SQS's
+    VisibilityTimeout=0): such messages are received (counted) and at once visible again."""
+    with cc.lock:
+        if cc.conn.closed:
+            return []
+        try:
+            got = cc.conn.get_many(n, block=False, messages=True, raw=True,
+                                   visibility_timeout=vt or 1, shuffle=shuffle,
+                                   policy=policy)
+        except _stdlib_queue.Empty:
+            return []
+        if vt == 0:
+            for m in got:
+                try:
+                    cc.conn.nack(m)
+                except NotHeld:
+                    pass
+        return got

@@ -34,7 +34,7 @@ from ackqueue.errors import DuplicateMessage, NotHeld, QueueKindMismatch
 from ackqueue.state import PutOptions
 
 from .config import SasquatchSettings
-from .core import ClientConn, Session
+from .core import ClientConn, Session, take_now
 from .http import ApiError
 
 __all__ = ["add_routes", "sasquatch_stats", "VERSION", "OPENAPI_PATHS"]
@@ -345,7 +345,7 @@ class Sasquatch:
         if peek:
             attempt = (lambda: self._peek(q, shuffle))
         else:
-            attempt = (lambda: self._take(cc, n, vt, shuffle, policy))
+            attempt = (lambda: take_now(cc, n, vt, policy, shuffle))
         messages = await self._poll(request, name, q, cc, attempt, wait, give_back=not peek)
         out = []
         if peek:
@@ -375,27 +375,6 @@ class Sasquatch:
         for r in gone:
             del self.expiry[r]
         self.service.forget(gone)
-
-    @staticmethod
-    def _take(cc, n, vt, shuffle, policy):
-        """Up to n messages now, never waiting (pool thread).  vt 0: received (counted)
-        and at once visible again, as Sasquatch's explicit 0."""
-        with cc.lock:
-            if cc.conn.closed:
-                return []
-            try:
-                got = cc.conn.get_many(n, block=False, messages=True, raw=True,
-                                       visibility_timeout=vt or 1, shuffle=shuffle,
-                                       policy=policy)
-            except _stdlib_queue.Empty:
-                return []
-            if vt == 0:
-                for m in got:
-                    try:
-                        cc.conn.nack(m)
-                    except NotHeld:
-                        pass
-            return got
 
     @staticmethod
     def _peek(q, shuffle):

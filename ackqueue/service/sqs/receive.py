@@ -1,7 +1,6 @@
 """ReceiveMessage, DeleteMessage(+Batch) and ChangeMessageVisibility(+Batch)."""
 import base64
 import hashlib
-import queue as _stdlib_queue
 import re
 import secrets
 
@@ -9,6 +8,7 @@ from ackqueue import codec
 from ackqueue.errors import NotHeld, StaleAck
 
 from . import msgattrs
+from ..core import take_now
 from .digest import md5_of_attributes
 from .errors import SqsError
 from .messages import SYSTEM_NAMES, _entries, _failed, message_id
@@ -21,24 +21,6 @@ MAX_VISIBILITY = 43200
 _RECEIPT = re.compile(r"\d+\.[A-Za-z0-9_\-]{24}\Z")
 
 
-def _take(cc, n, vt, policy):
-    """Up to n messages now, never waiting (pool thread).  vt 0: received (counted) and at
-    once visible again, as SQS's VisibilityTimeout=0."""
-    with cc.lock:
-        if cc.conn.closed:
-            return []
-        try:
-            got = cc.conn.get_many(n, block=False, messages=True, raw=True,
-                                   visibility_timeout=vt or 1, policy=policy)
-        except _stdlib_queue.Empty:
-            return []
-        if vt == 0:
-            for m in got:
-                try:
-                    cc.conn.nack(m)
-                except NotHeld:
-                    pass
-        return got
 
 
 def _body_text(raw):
@@ -111,7 +93,7 @@ async def receive_message(sqs, call):
         return await _receive_fifo(sqs, call, name, q, cc, n, vt, wait, policy,
                                    wanted_system, wanted_attrs)
     messages = await sqs.api.poll(call.request, name, q, cc,
-                                  lambda: _take(cc, n, vt, policy), wait)
+                                  lambda: take_now(cc, n, vt, policy), wait)
     if vt == 0:
         delivered = [(_unheld(m), m) for m in messages]
     else:
