@@ -33,6 +33,7 @@ from zope.interface import implementer
 
 from . import codec, store
 from .errors import CodecMismatch, QueueKindMismatch, ShutDown, StaleAck
+from .fresh import read_fresh
 from .interfaces import IQueueState
 from .segments import Msg
 
@@ -779,9 +780,12 @@ class QueueState:
         never deliver an expired message in between.  Returns how many expired."""
         began, now = monotonic(), self.clock()
         tm, conn = self.snapshot()
+
+        def read():
+            tm.begin()                  # a fresh snapshot (again, after a pack cut one short)
+            return sweep_due(conn.root()[store.ROOT_KEY].queues[self.name], now)
         try:
-            rec = conn.root()[store.ROOT_KEY].queues[self.name]
-            due, dedup_due = sweep_due(rec, now)
+            due, dedup_due = read_fresh(read, tm.abort)
         finally:
             tm.abort()
             conn.close()
