@@ -109,3 +109,10 @@ def test_the_reaper_reads_again_when_a_pack_removed_its_snapshot(race, caplog):
     fired, again = arm("ackqueue-reaper")
     assert again.wait(60)                 # a failure bound only: it scans every second
     assert [r.getMessage() for r in caplog.records] == []
+
+
+def test_a_peek_reads_again_when_a_pack_removed_its_snapshot(race):
+    q, arm = race
+    fired, _ = arm()
+    assert q.peek().body == "m2"
+    assert fired
