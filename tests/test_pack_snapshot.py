@@ -116,3 +116,36 @@ def test_a_peek_reads_again_when_a_pack_removed_its_snapshot(race):
     fired, _ = arm()
     assert q.peek().body == "m2"
     assert fired
+
+
+def test_a_servers_conflict_resolution_after_a_pack_logs_no_traceback(tmp_path):
+    """A writer started from a revision that a pack then removed: the server's conflict
+    resolution cannot read it, and the writer gets a ConflictError to retry (ackqueue's
+    committer retries).  The server says so in one line, not with ZODB's traceback."""
+    import transaction
+    import ZEO
+    from ZODB.POSException import ConflictError
+    from ackqueue import store
+
+    server = Server(tmp_path / "q.fs", tmp_path / "server.log")
+    AckQueue(path=server.url).close()              # the queue "default" exists
+    dbs = [ZEO.DB(("127.0.0.1", server.port)) for _ in range(2)]
+    try:
+        tms = [transaction.TransactionManager() for _ in dbs]
+        conns = [db.open(transaction_manager=tm) for db, tm in zip(dbs, tms)]
+        counts = [c.root()[store.ROOT_KEY].queues["default"].counts for c in conns]
+        counts[0].get("ready")                     # the writer read revision 1
+        counts[1].add(ready=1)
+        tms[1].commit()                            # another wrote revision 2
+        dbs[1].pack(days=0)                        # revision 1 is gone
+        counts[0].add(ready=1)
+        with pytest.raises(ConflictError):
+            tms[0].commit()
+        tms[0].abort()
+    finally:
+        for db in dbs:
+            db.close()
+        assert server.stop() == 0
+    log = server.read_log()
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+    assert "conflict resolution" in log
