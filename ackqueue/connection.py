@@ -25,6 +25,7 @@ from ZODB.Connection import Connection as _ZODBConnection
 
 from . import codec, store
 from .errors import AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, StaleAck
+from .fresh import read_fresh
 from .message import Message, MessageId
 from .state import DEFAULT_PUT, Ask, MessageMissing, Meta, check_timeout
 
@@ -599,14 +600,16 @@ class QueueConnection(ThreadBound):
         """Read a message that is not in memory (called with the state's mutex held)."""
         if self._zconn is None:
             self._load_meta_connection()
-        self._tm.begin()
-        try:
+        def read():
+            self._tm.begin()
             rec = self._zconn.root()[store.ROOT_KEY].queues[self._state.name]
             m = rec.messages.get(seq)
             try:
-                body = None if m is None else rec.body_of(seq, m)
+                return m, None if m is None else rec.body_of(seq, m)
             except KeyError:          # its Body record is gone (POSKeyError is a KeyError)
-                body = None
+                return m, None
+        try:
+            m, body = read_fresh(read, self._tm.abort)  # a pack may cut a snapshot short
             if body is None:
                 raise MessageMissing(
                     f"message {seq} of queue {self._state.name!r} cannot be delivered: its "

@@ -25,6 +25,7 @@ from time import monotonic
 import transaction
 
 from . import store
+from .fresh import read_fresh
 
 __all__ = ["LeaseKeeper", "DEFAULT_LEASE_TIMEOUT"]
 
@@ -87,10 +88,12 @@ class LeaseKeeper:
             arbiter.lease_lost(why)
 
     def _judge_others(self):
-        self._tm.begin()
+        def read():
+            self._tm.begin()
+            return {lid: (lease.beat, lease.timeout)
+                    for lid, lease in store.ensure_leases(self._conn.root()).items()}
         try:
-            leases = {lid: (lease.beat, lease.timeout)
-                      for lid, lease in store.ensure_leases(self._conn.root()).items()}
+            leases = read_fresh(read, self._tm.abort)   # a pack may cut a snapshot short
         finally:
             self._tm.abort()
         now = monotonic()

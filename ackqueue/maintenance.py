@@ -28,13 +28,15 @@ Contract:
   and the space is given back as soon as the pack ends.
 - keep_seconds=0 also drops revisions that a reader whose snapshot began just before the
   pack may still load: ZODB then raises ReadConflictError ("object deleted, likely by
-  simultaneous pack"; through a server, POSKeyError for an object the pack removed), and
-  a server's conflict resolution, which reads the revision a writer started from, gives
-  up (ZODB logs it, the writer gets a ConflictError).  The committer retries conflicts;
-  with hundreds of packs a second through a server no operation failed, but background
-  passes logged such errors.  Snapshots in ackqueue live for milliseconds, so
-  keep_seconds of a few seconds avoids all of it (none were seen with 5 s) at the cost
-  of keeping those seconds of traffic; the automatic policy keeps AUTOPACK_KEEP_SECONDS.
+  simultaneous pack"), and a server's conflict resolution, which reads the revision a
+  writer started from, gives up (the writer gets a ConflictError).  ackqueue's reads
+  (gets, sizes, peek, the reaper, the lease heartbeat, the sweep) read again from a
+  fresh snapshot (ackqueue.fresh), the committer retries conflicts, and ``ackqueue
+  server`` logs such a conflict resolution in one INFO line instead of ZODB's traceback:
+  nothing fails and nothing is logged as an error.  browse() keeps one snapshot for its
+  whole iteration and can still meet it.  Snapshots in ackqueue live for milliseconds,
+  so keep_seconds of a few seconds avoids all of it at the cost of keeping those seconds
+  of traffic; the automatic policy keeps AUTOPACK_KEEP_SECONDS.
 - ``AutoPacker`` (``Database.enable_autopack(threshold)``) packs whenever the storage has
   grown by threshold bytes since the last pack (or since it started), checking every few
   seconds; it stops, finishing a pack in progress, when the Database is closed.

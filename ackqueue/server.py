@@ -27,6 +27,7 @@ import threading
 
 import ZODB
 from ZEO.StorageServer import StorageServer
+from ZODB.POSException import POSKeyError
 
 from .errors import QueueLocked
 from .storage import _lock_holder, open_file_storage
@@ -65,6 +66,26 @@ class _PeerGoneIsNotAnError(logging.Filter):
                 and isinstance(record.args[1], ConnectionError)):
             record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
             record.msg = "a client disconnected abruptly (%s: %s)"
+        return True
+
+
+class _PackedAwayIsNotAnError(logging.Filter):
+    """A writer that started from a revision a pack then removed (a pack with a small
+    keep_seconds) conflicts, and ZODB's conflict resolution cannot read that revision: it
+    logs POSKeyError with a traceback at ERROR and the writer gets a ConflictError, which
+    ackqueue's committer retries from a fresh snapshot.  Nothing is lost: log one line at
+    INFO."""
+
+    def filter(self, record):
+        exc = record.exc_info[1] if record.exc_info else None
+        if (record.levelno == logging.ERROR and isinstance(exc, POSKeyError)
+                and str(record.msg).startswith("Unexpected error while trying to resolve")):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            record.msg = ("conflict resolution on %s could not read the revision the writer "
+                          "started from (a pack removed it, POSKeyError %s): the writer gets "
+                          "a ConflictError and retries")
+            record.args = (record.args[0] if record.args else "?", exc)
+            record.exc_info = record.exc_text = None
         return True
 
 
@@ -151,6 +172,7 @@ def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", tls=
         ssl_context = server_context(*tls)
     path = os.path.realpath(path)
     _install_filter(logging.getLogger("ZEO.asyncio.server"), _PeerGoneIsNotAnError)
+    _install_filter(logging.getLogger("ZODB.ConflictResolution"), _PackedAwayIsNotAnError)
     _check_address(host, port)      # before the file is touched: a busy port creates nothing
     existed = [p for p in _FILES(path) if os.path.exists(p)]
     try:

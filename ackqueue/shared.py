@@ -36,6 +36,7 @@ from ZODB.POSException import ConflictError
 from zope.interface import implementer
 
 from . import store
+from .fresh import fresh_reads
 from .interfaces import IArbiter
 from .local import ValueOrder, loads_or_none
 from .state import DEAD, EXPIRED, DEFAULT_PUT, Meta, verdict
@@ -106,13 +107,16 @@ class SharedArbiter:
     def has_ready(self):
         return self._pick() is not None or self._promote_due()
 
+    @fresh_reads
     def ready_count(self):
         return self.record().counts.get("ready")
 
+    @fresh_reads
     def queued(self):
         counts = self.record().counts
         return counts.get("ready") + counts.get("delayed")
 
+    @fresh_reads
     def unfinished(self):
         counts = self.record().counts
         return counts.get("ready") + counts.get("delayed") + counts.get("inflight")
@@ -124,9 +128,13 @@ class SharedArbiter:
                 end = monotonic() + WAIT_RECHECK
                 while self._returning and monotonic() < end:
                     state.not_empty.wait(0.05)
-            counts = self.record().counts
-            return {"ready": counts.get("ready"), "in_flight": counts.get("inflight"),
-                    "delayed": counts.get("delayed")}
+            return self._counts_now()
+
+    @fresh_reads
+    def _counts_now(self):
+        counts = self.record().counts
+        return {"ready": counts.get("ready"), "in_flight": counts.get("inflight"),
+                "delayed": counts.get("delayed")}
 
     def next_visible_at(self):
         return self._next_promote
@@ -248,6 +256,7 @@ class SharedArbiter:
             with state.mutex:
                 self._claiming.difference_update(seq for seq, _, _ in picks)
 
+    @fresh_reads
     def _picks(self, count, shuffle):
         """Up to count ready messages to claim at once (mutex held)."""
         picks = []
@@ -303,6 +312,7 @@ class SharedArbiter:
             self.state.not_empty.wait(end - monotonic())
         return self._pick(shuffle)
 
+    @fresh_reads
     def _promote_due(self):
         """Promote delayed messages whose time has come (a getter found nothing ready);
         True if it did (the promotion is then being committed, see _return)."""
@@ -314,6 +324,7 @@ class SharedArbiter:
         self._return([store.Promote(self.name, seq, now) for seq in due])
         return True
 
+    @fresh_reads
     def _pick(self, shuffle=False):
         """(seq, store key, Msg) of a ready message nobody in this process is claiming, or
         None.  The first one, or after lost races one of the first few, chosen at random;
@@ -468,25 +479,35 @@ class SharedArbiter:
     def _scan_store(self):
         """Give back others' deliveries whose deadline passed, make due delayed messages
         ready, and wake waiters if the counters moved (for storages without wake-ups)."""
-        rec = self.record()
         now = self.state.clock()
-        counts = dict(rec.counts.values)
+        counts, delayed, compact, releases = self._scan_read(now)
         if counts != self._seen_counts:
             if self._seen_counts is not None:
                 self.state.wake_waiters()
             self._seen_counts = counts
-        self._schedule_promotions(rec, now)
-        if store.needs_compaction(rec):
+        self._schedule_promotions(delayed, now)
+        if compact:
             self.committer.submit([store.Compact(self.name)])
-        for _lease, seq, deadline in rec.leased_items():
-            if deadline is None or deadline > now or seq in self.state.inflight:
-                continue
-            self._release_stored(rec, seq)
+        for op in releases:             # one unit each: a stale one is refused alone
+            self._return([op])
 
-    def _schedule_promotions(self, rec, now):
+    @fresh_reads
+    def _scan_read(self, now):
+        """What a scan acts on, all read from one snapshot before anything is submitted
+        (so that a read cut short by a pack is simply read again)."""
+        rec = self.record()
+        counts = dict(rec.counts.values)
+        delayed = list(rec.delayed.items())
+        releases = [self._release_op(rec, seq) for _lease, seq, deadline in rec.leased_items()
+                    if deadline is not None and deadline <= now
+                    and seq not in self.state.inflight]
+        return (counts, delayed, store.needs_compaction(rec),
+                [op for op in releases if op is not None])
+
+    def _schedule_promotions(self, delayed, now):
         """Promote the due delayed messages; remember when the next one is due."""
         due, later = [], []
-        for seq, visible_at in rec.delayed.items():
+        for seq, visible_at in delayed:
             (due if visible_at <= now else later).append((visible_at, seq))
         soonest = min(later)[0] if later else None
         pending = self._next_promote          # a delayed give-back of ours, not yet durable
@@ -496,12 +517,13 @@ class SharedArbiter:
         if due:
             self._return([store.Promote(self.name, seq, now) for _, seq in due])
 
-    def _release_stored(self, rec, seq):
-        """Give back a delivery that no thread here holds, as the store last saw it."""
+    def _release_op(self, rec, seq):
+        """The Release that gives back a delivery no thread here holds, as the store saw
+        it in rec (None if its message is gone)."""
         msg = rec.messages.get(seq)
-        if msg is not None:
-            self._return([store.Release(self.name, seq, rec.key_of(seq), None,
-                                        expect=msg.receive_count)])
+        if msg is None:
+            return None
+        return store.Release(self.name, seq, rec.key_of(seq), None, expect=msg.receive_count)
 
     def sweep_orphans(self, lease_id):
         """Give back deliveries the store says this process holds but no thread here does
@@ -509,10 +531,15 @@ class SharedArbiter:
         with self.state.mutex:
             if self.state.stopped:
                 return
-            rec = self.record()
-            for seq in list(rec.leased_by(lease_id) or ()):
-                if seq not in self.state.inflight and seq not in self._claiming:
-                    self._release_stored(rec, seq)
+            for op in self._orphans_read(lease_id):    # one unit each, as in a scan
+                self._return([op])
+
+    @fresh_reads
+    def _orphans_read(self, lease_id):
+        rec = self.record()
+        releases = [self._release_op(rec, seq) for seq in list(rec.leased_by(lease_id) or ())
+                    if seq not in self.state.inflight and seq not in self._claiming]
+        return [op for op in releases if op is not None]
 
     def lease_lost(self, why):
         """Others expired this process's lease: forget deliveries they gave back."""
@@ -520,12 +547,19 @@ class SharedArbiter:
         with state.mutex:
             if state.stopped:
                 return
-            rec = self.record()
-            for seq, h in list(state.inflight.items()):
-                msg = rec.messages.get(seq)
-                if (msg is None or msg.holder is None
-                        or msg.receive_count != h.receive_count):
-                    state.forget(h, why)
+            for h in self._lost_read():
+                state.forget(h, why)
+
+    @fresh_reads
+    def _lost_read(self):
+        """The deliveries held here that the store no longer gives this process."""
+        rec = self.record()
+        lost = []
+        for seq, h in list(self.state.inflight.items()):
+            msg = rec.messages.get(seq)
+            if msg is None or msg.holder is None or msg.receive_count != h.receive_count:
+                lost.append(h)
+        return lost
 
     def stop(self):
         self.state.give_back_everything("its process closed the queue")

@@ -33,6 +33,7 @@ from zope.interface import implementer
 
 from . import codec, store
 from .errors import CodecMismatch, QueueKindMismatch, ShutDown, StaleAck
+from .fresh import read_fresh
 from .interfaces import IQueueState
 from .segments import Msg
 
@@ -456,12 +457,17 @@ class QueueState:
         beyond taking out messages found past their retention or missing from the store."""
         with self.mutex:
             self.expire_due()
-            now = self.clock()
-            for seq, key, meta in self.arbiter.candidates(load_meta):
-                if not meta.expired(now):
-                    return seq, meta
-                self.arbiter.skip_expired(seq, key)
-            return None
+            # A pack may cut the arbiter's snapshot short: its candidates are read again
+            # (each read of the store begins its own snapshot, nothing to end here).
+            return read_fresh(lambda: self._peek_now(load_meta), lambda: None)
+
+    def _peek_now(self, load_meta):
+        now = self.clock()
+        for seq, key, meta in self.arbiter.candidates(load_meta):
+            if not meta.expired(now):
+                return seq, meta
+            self.arbiter.skip_expired(seq, key)
+        return None
 
     def browse(self, allowed=None, after=None):
         """Every message of the queue with its state, changing nothing (ackqueue.browse);
@@ -471,15 +477,19 @@ class QueueState:
 
     def dedup_lookup(self, dedup_id):
         """The MessageId put with dedup_id while it still refuses a put, else None."""
+        from .message import MessageId
         tm, conn = self.snapshot()
-        try:
+
+        def read():
+            tm.begin()
             rec = conn.root()[store.ROOT_KEY].queues[self.name]
             until = rec.dedup.get(dedup_id) if rec.dedup is not None else None
             if until is None or until <= self.clock() or rec.dedup_ids is None:
                 return None
             seq = rec.dedup_ids.get(dedup_id)
-            from .message import MessageId
             return None if seq is None else MessageId(seq)
+        try:
+            return read_fresh(read, tm.abort)
         finally:
             tm.abort()
             conn.close()
@@ -492,9 +502,13 @@ class QueueState:
         """The queue's lifetime totals, from the store, once what this process sent is in."""
         self.committer.submit([]).wait()
         tm, conn = self.snapshot()
-        try:
+
+        def read():
+            tm.begin()
             counts = conn.root()[store.ROOT_KEY].queues[self.name].counts
             return {name: counts.get(name) for name in store.Counters.TOTALS}
+        try:
+            return read_fresh(read, tm.abort)
         finally:
             tm.abort()
             conn.close()
@@ -779,9 +793,12 @@ class QueueState:
         never deliver an expired message in between.  Returns how many expired."""
         began, now = monotonic(), self.clock()
         tm, conn = self.snapshot()
+
+        def read():
+            tm.begin()                  # a fresh snapshot (again, after a pack cut one short)
+            return sweep_due(conn.root()[store.ROOT_KEY].queues[self.name], now)
         try:
-            rec = conn.root()[store.ROOT_KEY].queues[self.name]
-            due, dedup_due = sweep_due(rec, now)
+            due, dedup_due = read_fresh(read, tm.abort)
         finally:
             tm.abort()
             conn.close()
