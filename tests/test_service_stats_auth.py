@@ -456,8 +456,8 @@ def test_non_loopback_needs_tls_and_auth_or_insecure(tmp_path, auth_file):
 
 
 def test_every_route_has_a_rule_and_the_figures_are_documented():
-    """No route of make_app falls to the unknown-route default by oversight, and
-    /openapi.json describes the figures and the bearer scheme."""
+    """No route of make_app falls to the unknown-route default by oversight, no rule
+    names a route that does not exist, and /openapi.json describes the figures and the bearer scheme."""
     from ackqueue.service.auth import ROUTES
     from ackqueue.service.core import Service
     from ackqueue.service.http import make_app
@@ -472,6 +472,7 @@ def test_every_route_has_a_rule_and_the_figures_are_documented():
         app[API].pool.shutdown()
         service.close()
     assert routes and routes <= set(ROUTES), routes - set(ROUTES)
+    assert set(ROUTES) <= routes, set(ROUTES) - routes      # a rule with no route
     doc = document()
     assert {"/stats", "/stats.json", "/metrics"} <= set(doc["paths"])
     assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"

@@ -67,7 +67,6 @@ ROUTES = {
     ("PUT", "/v1/queues/{name}/codec"): ("write", "path"),
     ("POST", "/v1/queues/{name}/purge"): ("admin", "path"),
     ("POST", "/v1/queues/{name}/redrive"): ("admin", "path"),
-    ("POST", "/v1/queues/{name}/pack"): ("admin", "path"),
     ("POST", "/v1/batch"): ("write", "txn"),
     ("POST", "/v1/pack"): ("admin", "all"),
     ("POST", "/v1/leases/{client}"): ("read", "lease"),
