@@ -593,7 +593,14 @@ def test_a_wake_up_prefetches_only_for_getters_waiting_here(server, monkeypatch)
         monkeypatch.setattr(state, "store_changed", told_of_a_change)
 
         got = []
-        getter = threading.Thread(target=lambda: got.append(q.get(timeout=WAIT)))
+
+        def get_and_ack():
+            # acked by the thread that got it: once that thread has ended, its delivery
+            # is given back (thread death), so an ack from here after join() would race
+            item = q.get(timeout=WAIT)
+            q.ack(item)
+            got.append(item)
+        getter = threading.Thread(target=get_and_ack)
         getter.start()
         deadline = time.monotonic() + WAIT
         while state.getters_waiting == 0:
@@ -606,7 +613,6 @@ def test_a_wake_up_prefetches_only_for_getters_waiting_here(server, monkeypatch)
             kill(child)
         getter.join(WAIT)
         assert got == ["first"]
-        q.ack(got[0])
         assert any(state.arbiter.watch_oid in oids for oids in calls), \
             "the waiting getter's wake-up prefetched nothing"
 
