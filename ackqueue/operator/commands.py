@@ -171,7 +171,7 @@ def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure)
 @click.option("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
 @click.option("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
 @click.option("--auth", "auth_file", metavar="FILE",
-              help="clients, secrets and rights per queue (JSON; see README)")
+              help="clients, secrets and rights per queue (JSON; see docs/service.md)")
 @click.option("--insecure", is_flag=True,
               help="listen on a non-loopback address without TLS and auth anyway")
 @click.option("--client-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,

@@ -309,7 +309,7 @@ def openapi_paths(doc):
             "text/plain": {"schema": {"type": "string"}}}}}}}
     doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
         "type": "http", "scheme": "bearer",
-        "description": "with --auth: Authorization: Bearer <secret> (see README, 'TLS and "
+        "description": "with --auth: Authorization: Bearer <secret> (see docs/service.md, 'TLS and "
                        "access control'); without --auth no credentials are needed"}
 
 

@@ -10,7 +10,7 @@ counts.  A delete acknowledges the library delivery; a deadline passing, a visib
 change to 0 or a 0 visibility timeout put the message back in ``pending`` at its place
 (the receive and visibility change schedule a wake-up of long polls at the deadline).
 
-What differs from SQS, said here and in the README: a staged message is in flight for the
+What differs from SQS, said here and in docs/sqs.md: a staged message is in flight for the
 other fronts (native, Sasquatch, Python) until SQS deletes it; a message moved to a FIFO dead-letter queue is copied there and then deleted (two commits: a
 crash between them leaves it in both queues, never in neither).
 
