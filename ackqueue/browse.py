@@ -63,28 +63,7 @@ def browse(state, allowed=None):
     """Yield a BrowsedMessage for every message of state's queue (see the module
     docstring).  The snapshot stays open until the iterator is exhausted or closed.
     allowed: the classes an item may name when it is read (codec.decode)."""
-    tm, conn = state.snapshot()
-    try:
-        rec = conn.root()[store.ROOT_KEY].queues[state.name]
-        now = state.clock()
-        with state.mutex:
-            held = {seq: (h.deadline, h.receive_count) for seq, h in state.inflight.items()}
-        inflight = _in_flight(rec, held)
-        count = 0
-        for group in (_ready(state, rec, inflight), _delayed(rec, inflight),
-                      _held(inflight)):
-            for seq, what, when, receive_count in group:
-                msg = rec.messages.get(seq)
-                if msg is None:
-                    continue              # acknowledged or moved since the index was read
-                yield _browsed(state.name, rec, seq, msg, what, when, receive_count, now,
-                               allowed)
-                count += 1
-                if count % GC_EVERY == 0:
-                    conn.cacheGC()
-    finally:
-        tm.abort()
-        conn.close()
+    return _from_snapshot(state, _in_delivery_order, allowed)
 
 
 def browse_after(state, after, allowed=None):
@@ -93,24 +72,42 @@ def browse_after(state, after, allowed=None):
     start costs O(log n) (a start key into the message index), and each message yielded
     reads only itself: a page of a large queue costs its own size, so paging through a
     queue is linear overall.  Not one snapshot across pages: each call opens its own."""
+    def in_id_order(state, rec):
+        for seq in rec.messages.keys(min=int(after) + 1):
+            msg = rec.messages.get(seq)
+            if msg is not None:
+                yield (seq, msg) + _state_of(state, rec, seq, msg)
+
+    return _from_snapshot(state, in_id_order, allowed)
+
+
+def _from_snapshot(state, pick, allowed):
+    """Open a snapshot, yield a BrowsedMessage for each (seq, msg, state, when, receive
+    count) that pick(state, rec) yields, and close the snapshot when done or closed."""
     tm, conn = state.snapshot()
     try:
         rec = conn.root()[store.ROOT_KEY].queues[state.name]
         now = state.clock()
-        count = 0
-        for seq in rec.messages.keys(min=int(after) + 1):
-            msg = rec.messages.get(seq)
-            if msg is None:
-                continue
-            what, when, receive_count = _state_of(state, rec, seq, msg)
+        for count, (seq, msg, what, when, receive_count) in enumerate(pick(state, rec), 1):
             yield _browsed(state.name, rec, seq, msg, what, when, receive_count, now,
                            allowed)
-            count += 1
             if count % GC_EVERY == 0:
-                conn.cacheGC()
+                conn.cacheGC()        # one message at a time: keep the cache small
     finally:
         tm.abort()
         conn.close()
+
+
+def _in_delivery_order(state, rec):
+    """Ready in delivery order, then delayed, then in flight, as one snapshot saw them."""
+    with state.mutex:
+        held = {seq: (h.deadline, h.receive_count) for seq, h in state.inflight.items()}
+    inflight = _in_flight(rec, held)
+    for group in (_ready(state, rec, inflight), _delayed(rec, inflight), _held(inflight)):
+        for seq, what, when, receive_count in group:
+            msg = rec.messages.get(seq)
+            if msg is not None:       # else acknowledged or moved since the index was read
+                yield seq, msg, what, when, receive_count
 
 
 def _state_of(state, rec, seq, msg):
