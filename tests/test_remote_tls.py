@@ -2,7 +2,6 @@
 serve --tls-cert/--tls-key --auth FILE``, a self-signed certificate made in the test with
 the openssl command, and AckQueue(path="https://NAME@HOST:PORT?tls_ca=...&token_file=...")."""
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,7 @@ pytest.importorskip("aiohttp")
 
 from ackqueue import AckQueue, AckQueueError  # noqa: E402
 
+from tests.certs import self_signed_for_loopback      # noqa: E402
 from tests.test_service_stats_auth import Served       # noqa: E402
 
 TOKEN = "alice-secret-0123456789abcdef"
@@ -22,15 +22,7 @@ READER = "reader-secret-0123456789abcdef"
 @pytest.fixture
 def pki(tmp_path):
     """A self-signed certificate for 127.0.0.1 (its own CA) made with openssl."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no openssl command to make a self-signed certificate")
-    certfile, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(keyfile), "-out", str(certfile)],
-                   check=True, capture_output=True, timeout=60)
+    self_signed_for_loopback(tmp_path)
     (tmp_path / "alice.token").write_text(TOKEN + "\n")
     (tmp_path / "reader.token").write_text(READER + "\n")
     (tmp_path / "wrong.token").write_text("not-a-token-of-anyone-at-all\n")

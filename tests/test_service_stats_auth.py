@@ -20,6 +20,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
+from tests.certs import self_signed_for_loopback      # noqa: E402
 from tests.test_service import until                 # noqa: E402
 from tests.zeo_server import console_script           # noqa: E402
 
@@ -232,15 +233,7 @@ def test_stats_page_in_headless_chromium(serve, tmp_path):
 @pytest.fixture
 def cert(tmp_path):
     """A self-signed certificate for 127.0.0.1 made with the openssl command line."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no openssl command to make a self-signed certificate")
-    certfile, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(keyfile), "-out", str(certfile)],
-                   check=True, capture_output=True, timeout=60)
+    certfile, keyfile = self_signed_for_loopback(tmp_path)
     return str(certfile), str(keyfile)
 
 
