@@ -57,20 +57,6 @@ def q(shared):
         x.close()
 
 
-@pytest.fixture
-def own_service(tmp_path):
-    started = []
-
-    def start(*extra):
-        s = Service(tmp_path / "q.fs", tmp_path / "service.log", *extra)
-        started.append(s)
-        return s
-    yield start
-    for s in started:
-        if s.proc.poll() is None:
-            s.kill()
-
-
 def child(code, url, name, *, stdout=subprocess.PIPE):
     """A Python child process running code with q = AckQueue(path=url, name=name)."""
     prelude = (f"import sys, time\nfrom ackqueue import AckQueue\n"

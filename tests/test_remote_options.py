@@ -89,20 +89,6 @@ def test_a_default_codec_client_first_does_not_bind_the_queue(q):
         q(name=first.name, codec="json")
 
 
-@pytest.fixture
-def own_service(tmp_path):
-    started = []
-
-    def start(*extra):
-        s = Service(tmp_path / "q.fs", tmp_path / "service.log", *extra)
-        started.append(s)
-        return s
-    yield start
-    for s in started:
-        if s.proc.poll() is None:
-            s.kill()
-
-
 # -- dead letters -----------------------------------------------------------------------------
 
 def test_max_receives_moves_a_message_to_the_dead_letter_queue(q):
