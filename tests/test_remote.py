@@ -6,7 +6,6 @@ import itertools
 import pickle
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ import ackqueue                                        # noqa: E402
 from ackqueue import (AckLifoQueue, AckPriorityQueue, AckQueue, NotSupported,  # noqa: E402
                       ServerUnavailable, ShutDown, StaleAck)
 
+from cutting_proxy import CuttingProxy                 # noqa: E402
 from service_proc import Service                       # noqa: E402
 
 _names = itertools.count()
@@ -276,66 +276,13 @@ def test_a_killed_client_process_gives_back_after_its_lease(own_service):
 
 # -- the service going away -----------------------------------------------------------------
 
-class CuttingProxy:
-    """A TCP forwarder to the service that can drop the next response it would pass on:
-    the request reaches the service, the client's connection is closed instead of
-    answered (a cut-off request, for real)."""
-
-    def __init__(self, port):
-        self.upstream = port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.cut_next = threading.Event()
-        self.cuts = 0
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while not self.closed:
-            try:
-                c, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                u = socket.create_connection(("127.0.0.1", self.upstream))
-            except OSError:
-                c.close()
-                continue
-            threading.Thread(target=self._pump, args=(c, u, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(u, c, True), daemon=True).start()
-
-    def _pump(self, src, dst, responses):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if responses and self.cut_next.is_set():
-                    self.cut_next.clear()
-                    self.cuts += 1
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-
-    def close(self):
-        self.closed = True
-        self.listener.close()
-
-
 def test_a_put_cut_off_is_retried_and_stored_once(own_service):
     s = own_service()
     proxy = CuttingProxy(s.port)
     a = AckQueue(path=f"http://127.0.0.1:{proxy.port}", name="jobs")
     try:
         a.put("warm")                     # the connection is open and kept alive
-        proxy.cut_next.set()
+        proxy.armed.set()
         a.put("once")                     # stored, answer cut, retried with its key
         assert proxy.cuts == 1
         assert a.counts()["ready"] == 2

@@ -7,73 +7,15 @@ server`, forwards every byte until the client asks the server to finish a commit
 (tpc_finish), then drops the connection before the server's answer reaches the client.
 The server has committed; the client cannot know it.
 """
-import socket
-import threading
 
 import pytest
 
 from ackqueue import AckQueue, Empty
 
+from cutting_proxy import CuttingProxy
 from zeo_server import Server
 
 WAIT = 30
-
-
-class CuttingProxy:
-    """Forward 127.0.0.1:port to the server; once armed, drop the connection that sends
-    tpc_finish before any answer to it comes back."""
-
-    def __init__(self, target_port):
-        self.target = ("127.0.0.1", target_port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.armed = threading.Event()
-        self.cuts = 0
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while not self.closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            state = {"finishing": False}
-            threading.Thread(target=self._pump, args=(client, server, state, True),
-                             daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, state, False),
-                             daemon=True).start()
-
-    def _pump(self, src, dst, state, upstream):
-        tail = b""
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if upstream and self.armed.is_set() and b"tpc_finish" in tail + data:
-                    self.armed.clear()
-                    state["finishing"] = True
-                    dst.sendall(data)             # the server gets it and commits
-                    continue
-                if not upstream and state["finishing"]:
-                    self.cuts += 1                # its answer never reaches the client
-                    break
-                dst.sendall(data)
-                tail = data[-16:]
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def close(self):
-        self.closed = True
-        self.listener.close()
 
 
 @pytest.fixture
@@ -85,7 +27,7 @@ def server(tmp_path):
 
 @pytest.mark.parametrize("how", ["put", "put_many", "transaction"])
 def test_a_put_cut_off_after_it_reached_the_server_is_stored_once(server, how):
-    proxy = CuttingProxy(server.port)
+    proxy = CuttingProxy(server.port, marker=b"tpc_finish")
     try:
         url = f"zeo://127.0.0.1:{proxy.port}?lease_timeout=600&wait_timeout={WAIT}"
         with AckQueue(path=url, name="jobs") as q:
