@@ -2,16 +2,13 @@
 
 Every durable ackqueue operation is a ZODB commit, so none can be faster than a bare commit
 of one small object on the same storage.  The runner measures these floors at the start and
-at the end of every run and, next to each of issue 5's targets, reports the bound a floor
+at the end of every run and, next to each standing target, reports the bound a floor
 implies for it (``target_rows``):
 
-- (b) put, get, ack one at a time: the put and the ack each return only once committed
-  durably, one after the other, so a cycle takes at least two commits:
-  cycles/s <= 1 / (2 x a bare commit, back to back).
-- (c) 4 producer and 4 consumer threads, each waiting for its own durable operation: one
-  commit can carry at most 8 operations, that is 4 items (a put and an ack each), and the
-  storage makes one commit at a time: items/s <= 4 / a bare commit.  Generous, since a
-  commit of 8 operations writes more than one small object.
+- (a) and (b), one thread: the put and the ack each return only once committed durably,
+  one after the other, so a cycle takes at least two commits:
+  cycles/s <= 1 / (2 x a bare commit, back to back).  (In (a) the puts come first, but
+  each is still its own commit.)
 - (e) in one process: a blocked getter may hold the item only once the put is committed,
   so its p50 is at least a bare commit's p50 after the same pause (2-5 ms) the scenario
   leaves before each put.
@@ -20,8 +17,9 @@ implies for it (``target_rows``):
   p50 >= 2 x a bare commit's p50 through the server after the scenario's 15-25 ms pause.
 
 Where the floor lies beyond the target, no ackqueue change can meet that target on this
-machine while keeping those durability rules and ZODB underneath.  (d) and (f) have no such
-floor here: they are reported as measured.
+machine while keeping those durability rules and ZODB underneath.  The targets against the
+lean ZODB queue (benchmarks/lean.py) need no floor: the lean queue, measured in the same run,
+is what ZODB allows there.  (f) is reported as measured.
 """
 import os
 import random
@@ -129,17 +127,22 @@ def meets(value, needed, higher_better):
 
 def target_rows(report, reference="persist-queue", ours="ackqueue (fsync)",
                 shared="ackqueue (zeo)", lean="ZODB lean (reference)"):
-    """Issue 5's targets with durability equal to persist-queue's: one dict per target,
-    {target, needed, measured, met, bound, bound_says, higher_better, lean}.  bound is None
-    where no floor applies; bound_says explains how it was derived.  lean is what
-    benchmarks/lean.py's minimal ZODB queue measured in the same scenario of the same run
-    (None where it was not run: it does not run across processes)."""
+    """The standing targets, all with durability equal to persist-queue's: issue 28's (one
+    thread no slower than persist-queue in (a) and (b); within 10% of the lean ZODB queue in
+    (a)-(d)) and issue 5's wake-up latencies in (e).  One dict per target, {target, needed,
+    measured, met, bound, bound_says, higher_better, lean}.  bound is None where no floor
+    applies; bound_says explains how it was derived.  lean is what benchmarks/lean.py's
+    minimal ZODB queue measured in the same scenario of the same run (None where it was not
+    run, or where the target is defined by it).  Issue 5's (b) 2x and (c) 10x persist-queue
+    were withdrawn by issue 28: the floors showed them out of reach for any queue on an
+    fsync'd FileStorage."""
     floors = report.get("floors") or {}
     files = [floors.get("file_at_start"), floors.get("file_at_end")]
     zeos = [floors.get("zeo_at_start"), floors.get("zeo_at_end")]
     tight_us = _best(files, "tight_us")
     paused_ms = _best(files, "after_pause_p50_ms")
     zeo_ms = _best(zeos, "after_pause_p50_ms")
+    two_commits = None if tight_us is None else 1e6 / (2 * tight_us)
     rows = []
 
     def row(target, needed, measured, higher_better, bound=None, says="—", lean_value=None):
@@ -148,20 +151,20 @@ def target_rows(report, reference="persist-queue", ours="ackqueue (fsync)",
                      "bound": bound, "bound_says": says, "higher_better": higher_better,
                      "lean": lean_value})
 
-    pq_b = _median(report, "b", reference, "cycle_rate")
-    row("(b) cycles/s ≥ 2× persist-queue", None if pq_b is None else 2 * pq_b,
-        _median(report, "b", ours, "cycle_rate"), True,
-        None if tight_us is None else 1e6 / (2 * tight_us),
-        "1 / (2 bare commits back to back)", _median(report, "b", lean, "cycle_rate"))
-    pq_c = _median(report, "c", reference, "throughput")
-    row("(c) items/s ≥ 10× persist-queue", None if pq_c is None else 10 * pq_c,
-        _median(report, "c", ours, "throughput"), True,
-        None if tight_us is None else 4e6 / tight_us,
-        "4 items per commit / a bare commit back to back",
-        _median(report, "c", lean, "throughput"))
-    row("(d) full cycle items/s ≥ 20,000", 20000.0,
-        _median(report, "d", ours, "cycle_rate"), True,
-        lean_value=_median(report, "d", lean, "cycle_rate"))
+    def times(factor, value):
+        return None if value is None else factor * value
+
+    one_thread = [("a", "(a) put N, then get+ack N: cycle items/s", "cycle_rate"),
+                  ("b", "(b) one at a time: cycles/s", "cycle_rate")]
+    for key, what, metric in one_thread:
+        row(f"{what} ≥ persist-queue", _median(report, key, reference, metric),
+            _median(report, key, ours, metric), True, two_commits,
+            "1 / (2 bare commits back to back)", _median(report, key, lean, metric))
+    for key, what, metric in one_thread + [
+            ("c", "(c) 4+4 threads: items/s", "throughput"),
+            ("d", "(d) batches of 100: cycle items/s", "cycle_rate")]:
+        row(f"{what} ≥ 0.9× lean ZODB queue", times(0.9, _median(report, key, lean, metric)),
+            _median(report, key, ours, metric), True)
     row("(e) in one process: p50 < 1 ms", 1.0, _median(report, "e", ours, "p50_ms"), False,
         paused_ms, "a bare commit's p50 after a 2-5 ms pause",
         _median(report, "e", lean, "p50_ms"))

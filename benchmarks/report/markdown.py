@@ -1,4 +1,4 @@
-"""results.md: the header, issue 5's targets, the contenders and one table per scenario.
+"""results.md: the header, the standing targets, the contenders and one table per scenario.
 (f) and (g) have their own sections (markdown_scale.py, markdown_g.py)."""
 from benchmarks import floors
 from benchmarks.common import LEAN, REFERENCE
@@ -10,7 +10,8 @@ from benchmarks.scenarios import ALL_KEYS, METRICS, SHARED_SCENARIOS, TABLE_COLU
 COUNT_KINDS = {"n": "N in (a)–(c)", "batch_n": "N in (d)", "samples": "samples in (e)"}
 
 TARGETS_INTRO = (
-    "Targets with durability equal to persist-queue's: ackqueue (fsync), and "
+    "Targets with durability equal to persist-queue's (issue 28's, and issue 5's "
+    "(e)): ackqueue (fsync), and "
     "ackqueue (zeo) across processes.  **Floor**: the bound that bare one-object "
     "ZODB commits, measured in this run with no ackqueue code "
     "(benchmarks/floors.py), put on the scenario (the most favourable of the "
@@ -45,9 +46,9 @@ def _floor_bits(fl):
 
 
 def markdown_targets(report):
-    """Issue 5's targets: measured, and the bound the floors of this run put on each."""
+    """The standing targets: measured, and the bound the floors of this run put on each."""
     fl = report.get("floors") or {}
-    lines = ["## Issue 5's targets, and the floor under each", "", TARGETS_INTRO, ""]
+    lines = ["## Targets, and the floor under each", "", TARGETS_INTRO, ""]
     lines.append("| target | needed | measured | met | floor | floor allows the target | "
                  "how the floor is derived | lean ZODB queue | lean meets it |")
     lines.append("|---|---:|---:|---|---:|---|---|---:|---|")
