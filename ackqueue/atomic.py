@@ -5,7 +5,9 @@
 inside, on any of them, are written by one commit when the block ends normally (all durable
 together), and none of them when it ends by an exception (what was received is given back,
 the puts never existed).  The queues must share one database (one Committer): queues opened
-on the same file, the same ``db=`` or the same in-memory database; others raise ValueError.
+on the same file, the same ``db=`` or the same in-memory database; or be queues of one queue
+service (``path="http://..."``), whose blocks travel as one atomic batch request
+(ackqueue.remote_block); others raise ValueError.
 
 ``keep=`` names received messages (``Message`` objects, from ``get_message`` /
 ``get_messages``) that must still be held by their delivery when the commit is made, and
@@ -15,6 +17,7 @@ for its lease checks.
 """
 from .connection import commit_blocks
 from .errors import NotHeld
+from .remote_block import RemoteBlock, commit_together
 
 __all__ = ["transaction"]
 
@@ -51,6 +54,14 @@ class transaction:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
             self._rollback("its transaction block raised " + exc_type.__name__)
+            return False
+        remote = [isinstance(b, RemoteBlock) for b in self.blocks]
+        if any(remote):
+            if not all(remote):
+                self._rollback("its queues live in different places")
+                raise ValueError("one commit spans queues of one database or of one queue "
+                                 "service, not both")
+            commit_together(self.blocks, [h for hs in self.keep.values() for h in hs])
             return False
         keep = [(self._by_name[name]._state, holdings)
                 for name, holdings in self.keep.items()]

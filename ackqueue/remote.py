@@ -51,6 +51,7 @@ from .connection import (ThreadBound, check_item_sizes, check_visibility, check_
 from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ItemTooLarge, NotHeld,
                      NotSupported, ServerUnavailable, ShutDown, StaleAck)
 from .message import Message, MessageId
+from .remote_block import RemoteBlock, not_in_block
 from .state import check_timeout
 
 __all__ = ["is_url", "RemoteDatabase", "RemoteState", "RemoteConnection", "client_id",
@@ -643,6 +644,9 @@ def _raise_for(status, doc, stale_ok=False):
         raise StaleAck(f"the delivery was given back before this ack or nack (its "
                        f"visibility deadline passed, its client's lease ended, or the "
                        f"service restarted): {message}")
+    if status == 409 and code in ("NotOwned", "LeaseExpired"):     # a batch's lease check
+        raise StaleAck(f"a delivery this batch needed held is no longer held by this "
+                       f"client: {message}")
     if status == 413:
         raise ItemTooLarge(f"the queue service refused the item: {message}")
     if code == "DuplicateMessage":
@@ -689,6 +693,7 @@ class RemoteConnection(ThreadBound):
         self._pending = []            # receipts acknowledged, riding on the next receive
         self._pending_since = None
         self._lock = threading.Lock()  # _pending, shared with the background thread
+        self._block = None            # the transaction block in progress (remote_block)
         self.closed = False
         state.conns.add(self)
 
@@ -723,9 +728,11 @@ class RemoteConnection(ThreadBound):
             raise _unsupported("put_many(dedup_ids=...)", "the service's batch put takes "
                                "one idempotency key for the whole batch; put() each item "
                                "with its dedup_id")
-        query, headers = _put_options(opts, dedup_ids[0])
         self._wait_for_room(len(pairs), block, timeout)
         bodies = [body for _, body in pairs]
+        if self._block is not None:
+            return self._block.put(bodies, opts, dedup_ids)
+        query, headers = _put_options(opts, dedup_ids[0])
         path, data = _put_request(bodies, query, headers)
         url = self._path(path) + ("?" + "&".join(query) if query else "")
         status, doc, attempt = self._db.call("POST", url, data, headers)
@@ -957,6 +964,8 @@ class RemoteConnection(ThreadBound):
                 raise StaleAck(f"{h.item!r} was given back before this ack "
                                f"({h.released}); it may be held by someone else now")
             raise NotHeld(f"{h.item!r} was acknowledged already")
+        if self._block is not None:
+            return self._block.ack(h)
         if (self._db.ack_with_next_get and h.holder is self and self._thread is not None
                 and not self.closed):
             # Deferred: durable with this thread's next receive, a flush within 50 ms,
@@ -974,6 +983,10 @@ class RemoteConnection(ThreadBound):
 
     def ack_many_holdings(self, holdings):
         self._state.acknowledging = True
+        if self._block is not None:
+            for h in holdings:
+                self._block.ack(h)
+            return
         try:
             self._ack_receipts([h.receipt for h in holdings])
         finally:
@@ -1019,6 +1032,8 @@ class RemoteConnection(ThreadBound):
 
     def nack_holding(self, h, delay=0):
         check_timeout(delay, "delay")
+        if self._block is not None:
+            raise not_in_block("nack()")
         self._state.acknowledging = True
         try:
             self._nack_receipts([h.receipt], delay)
@@ -1037,6 +1052,8 @@ class RemoteConnection(ThreadBound):
             raise TypeError(f"seconds must be a number, not {type(seconds).__name__}")
         if seconds != seconds or seconds in (float("inf"), float("-inf")):
             raise ValueError(f"seconds must be a finite number, not {seconds!r}")
+        if self._block is not None:
+            raise not_in_block("change_visibility()")
         self._state.acknowledging = True
         seconds = max(-1e9, min(float(seconds), 43200.0))
         status, doc, _ = self._db.call(
@@ -1067,14 +1084,24 @@ class RemoteConnection(ThreadBound):
     # -- what the service cannot do ---------------------------------------------------------
 
     def transaction(self):
-        raise _unsupported("with q.transaction():",
-                           "a transaction block spans several requests; put a batch in one "
-                           "request with put_many() and acknowledge one with ack_many() "
-                           "(each all or nothing), or use an embedded queue or ZEO")
+        """``with conn.transaction():``: the block's puts and acks travel as one atomic
+        batch request when it ends; its gets are made at once (see remote_block)."""
+        self._check_thread()
+        self._state.acknowledging = True
+        if self._block is not None:
+            raise AckQueueError("a queue transaction is already in progress in this thread "
+                                "(transaction blocks do not nest)")
+        self.flush_acks()             # acks riding on the next get are not the block's
+        self._block = RemoteBlock(self)
+        return self._block
 
     def redrive(self, to=None):
-        raise _unsupported("redrive()", "the service has no redrive request yet; redrive "
-                           "on the service's file where it runs")
+        """POST /v1/queues/NAME/redrive[?to=]: the service moves the ready dead letters."""
+        self._check_thread()
+        what = "/redrive" + ("" if to is None else "?to=" + urllib.parse.quote(to, safe=""))
+        status, doc, _ = self._db.call("POST", self._path(what))
+        _raise_for(status, doc)
+        return doc["moved"]
 
     def close(self):
         if self.closed:
