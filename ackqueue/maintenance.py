@@ -102,6 +102,9 @@ class PackReport:
 
 def pack(database, *, keep_seconds=0.0):
     """Pack the storage under a queue; see the module docstring.  Returns a PackReport."""
+    through_service = getattr(database, "pack_through_service", None)
+    if through_service is not None:     # a queue of ackqueue serve: the service packs
+        return through_service(check_keep_seconds(keep_seconds))
     report = _pack(database, check_keep_seconds(keep_seconds))
     log.info("ackqueue: packed %s: %s -> %s bytes in %.2f s", report.storage,
              _fmt(report.size_before), _fmt(report.size_after), report.seconds)

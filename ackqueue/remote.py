@@ -323,6 +323,15 @@ class RemoteDatabase:
                            "ackqueue serve and run ackqueue pack FILE, or pack an embedded "
                            "queue on it)")
 
+    def pack_through_service(self, keep_seconds):
+        """POST /v1/pack: the service packs its storage while its queues stay in use (one
+        pack at a time there: a pack asked for meanwhile joins the running one)."""
+        from .maintenance import PackReport
+        status, doc, _ = self.call("POST", f"/v1/pack?keep_seconds={keep_seconds!r}")
+        _raise_for(status, doc)
+        return PackReport(doc["size_before"], doc["size_after"], doc["seconds"],
+                          self.description)
+
     def enable_autopack(self, threshold):
         raise _unsupported("autopack=", "pack the service's file where it runs")
 

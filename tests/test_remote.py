@@ -416,8 +416,6 @@ def test_clear_errors_for_what_the_service_cannot_do(q, shared):
         AckLifoQueue(path=shared.url, name="lifo")
     with pytest.raises(NotSupported, match="FIFO"):
         AckQueue(path=shared.url, name="lifo2", lifo=True)
-    with pytest.raises(NotSupported, match="pack"):
-        a.pack()
     with pytest.raises(NotSupported):
         a.db
     with pytest.raises(TypeError):

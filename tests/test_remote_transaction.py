@@ -1,4 +1,4 @@
-"""``with q.transaction():`` and ``redrive()`` on the remote drop-in (issue 23 point 1),
+"""``with q.transaction():``, ``redrive()`` and ``pack()`` on the remote drop-in (issue 23 point 1),
 against a real ``ackqueue serve``: a block's puts and acks travel as one atomic batch
 request (POST /v1/batch) when it ends; its gets are made at once and given back if the
 block raises or its batch is refused."""
@@ -185,3 +185,17 @@ def test_keep_refuses_the_batch_when_a_delivery_is_over(service, opened):
     with pytest.raises(ValueError, match="one queue service"):
         with transaction(pages, AckQueue()):
             pass
+
+
+def test_pack_through_the_service(service, opened):
+    jobs = opened(service.url, "jobs")
+    jobs.put_many([b"x" * 1000] * 200)
+    for _ in range(200):
+        jobs.get(timeout=10)
+        jobs.task_done()
+    report = jobs.pack()                  # the service packs its file, queues in use
+    assert report.size_before > report.size_after > 0
+    assert report.freed == report.size_before - report.size_after
+    jobs.put("after the pack")
+    assert jobs.get(timeout=10) == "after the pack"
+    jobs.task_done()
