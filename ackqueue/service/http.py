@@ -3,7 +3,7 @@
 Blocking library calls (a put or an ack waits for its durable commit) run in a thread
 pool, so that the commits of concurrent requests gather into the library's group commit;
 a request that changes a queue is answered once its commit is durable.  A long poll holds
-no thread: it tries a non-blocking get (the native receive's on the loop's own thread
+no thread: it tries a non-blocking get (the native receive's try on the loop's own thread
 when the client's connection is free, core.Service.receive_now; else in the pool), then
 awaits a Waker that the queue's ready listener sets (through loop.call_soon_threadsafe)
 or the time at which q.next_ready_at() says something becomes ready by itself.
