@@ -3,9 +3,10 @@
 Blocking library calls (a put or an ack waits for its durable commit) run in a thread
 pool, so that the commits of concurrent requests gather into the library's group commit;
 a request that changes a queue is answered once its commit is durable.  A long poll holds
-no thread: it tries a non-blocking get in the pool, then awaits an asyncio.Event that the
-queue's ready listener sets (through loop.call_soon_threadsafe) or the time at which
-q.next_ready_at() says something becomes ready by itself.
+no thread: it tries a non-blocking get (the native receive's try on the loop's own thread
+when the client's connection is free, core.Service.receive_now; else in the pool), then
+awaits a Waker that the queue's ready listener sets (through loop.call_soon_threadsafe)
+or the time at which q.next_ready_at() says something becomes ready by itself.
 """
 import asyncio
 import base64
@@ -527,21 +528,24 @@ class Api:
         cc = session.conns.get(name)
         if cc is None:
             cc = await self.run(self.service.client_conn, session, name)
+        now = None if dead else (lambda: self.service.receive_now(cc, n, vt))
         messages = await self.poll(request, name, q, cc,
                                    lambda: self.service.receive(cc, n, vt, **dead), wait,
-                                   done=lambda: session.closed)
+                                   done=lambda: session.closed, now=now)
         delivered = self.service.register(name, session, cc, messages)
         if FRAMES in request.headers.get("Accept", ""):
             return _frames_response(delivered)
         return web.json_response({"messages": [_message_json(r, m) for r, m in delivered]})
 
     async def poll(self, request, name, q, cc, attempt, wait, *, give_back=True,
-                   done=lambda: False):
+                   done=lambda: False, now=None):
         """The service's one long poll (the native receive and Sasquatch's use it):
         attempt() in the pool until it returns messages, done() says stop, the service
         stops, or wait seconds pass, holding no thread in between: ready listeners wake
         it, next_ready_at bounds its sleep.  A client that leaves ends it at once (the
-        request is cancelled) and, with give_back, what it got goes back."""
+        request is cancelled) and, with give_back, what it got goes back.  now: an
+        attempt that never blocks, tried first on the loop's thread (no pool hop);
+        it returns None where it would block, and attempt() runs in the pool."""
         loop = self.loop
         deadline = loop.time() + wait
         event = Waker(loop)             # waker.py: resumes a loop iteration after set()
@@ -550,7 +554,9 @@ class Api:
         try:
             while True:
                 event.clear()
-                messages = await self._attempt(cc, attempt, give_back)
+                messages = None if now is None else now()
+                if messages is None:
+                    messages = await self._attempt(cc, attempt, give_back)
                 if messages or done() or self.stopping:
                     break
                 remaining = deadline - loop.time()
