@@ -195,8 +195,9 @@ class Committer:
         return bool(self._deferred) and now >= self._deferred_due
 
     def busy(self):
-        """Whether a commit is under way or units wait for one (a hint: not locked)."""
-        return self._baton.locked() or bool(self._pending)
+        """Whether a commit is under way or units (deferred ones too) wait for one (a hint:
+        not locked)."""
+        return self._baton.locked() or bool(self._pending) or bool(self._deferred)
 
     def _lead(self):
         """Commit what is pending in the calling thread, if the baton is free."""
