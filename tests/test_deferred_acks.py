@@ -210,3 +210,21 @@ def test_deferred_acks_through_a_server(tmp_path):
             assert [m.body for m in drain_messages(again)] == ["c"]
     finally:
         srv.stop()
+
+
+def test_a_deferred_ack_that_fails_to_commit_gives_back_and_flush_raises(tmp_path):
+    from ackqueue.errors import QueueFileGone
+    path = tmp_path / "q.fs"
+    q = AckQueue(path=str(path), acks="deferred")
+    try:
+        freeze(q)
+        q.put("a")
+        item = q.get()
+        q.ack(item)                      # returns; its commit comes later
+        path.unlink()                    # the commit will be refused (a real failure)
+        with pytest.raises(QueueFileGone):
+            q.flush()
+        assert q.get_nowait() == "a"     # given back: delivered again, not lost
+        q.flush()                        # the error was reported once
+    finally:
+        q.close()
