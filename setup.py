@@ -18,7 +18,8 @@ setup(
         "cli": ["rich>=13"],
         "spark": ["pyspark>=4", "pyarrow"],
         "bench": ["persist-queue>=1.0", "litequeue>=0.9", "matplotlib>=3.7", "psutil>=5.9",
-                  "aiohttp>=3.9", "boto3>=1.34", "moto[server]>=5", "pyspark>=4", "pyarrow"],
+                  "aiohttp>=3.9", "boto3>=1.34", "moto[server]>=5", "pyspark>=4", "pyarrow",
+                  "relstorage>=4"],
     },
     entry_points={"console_scripts": ["ackqueue=ackqueue.cli:main"]},
 )

@@ -30,6 +30,10 @@ are logical and re-apply cleanly.  A unit the store refuses (ackqueue.errors.Ref
 claim of a message another process took, a late ack) writes nothing and fails alone while
 the rest of its group commits.
 
+Deferred units (``defer()``: an acknowledgement in ``acks="deferred"`` mode) wait for no
+one: they ride on the next commit anyone makes, and if none comes within ``defer_delay``
+seconds the committer thread commits them by itself.  ``flush()`` commits them now.
+
 Through a server, a commit cut off by a lost connection is retried once the client has
 reconnected (ZEO reconnects by itself).  Its first attempt may have committed, so units
 that ran into that are marked ``uncertain`` for their owners to interpret.
@@ -57,6 +61,7 @@ CONFLICT_BACKOFF = 0.005    # at most this long (random, growing) between confli
 DISCONNECT_RETRIES = 3      # each waits up to the client storage's wait_timeout
 LEADER_GRACE = 0.5          # seconds before the thread commits a unit whose leader left
 LEAD_QUIET = 0.001          # seconds after another thread's durable submit before leading
+DEFER_DELAY = 0.002         # seconds a deferred unit waits for another commit to ride on
 
 
 class CommitterClosed(RuntimeError):
@@ -120,7 +125,11 @@ class Committer:
         self._last_submitter = None       # the thread of the latest lead=True submit
         self._last_submit_at = 0.0        # and when it submitted (monotonic)
         self._others_until = 0.0          # monotonic time until which others count as busy
-        self._monotonic = time.monotonic  # the clock of the lead rule (tests replace it)
+        self._monotonic = time.monotonic  # the clock of the lead and defer rules (tests
+                                          # replace it)
+        self._deferred = []               # deferred units waiting for a commit to ride on
+        self._deferred_due = 0.0          # when the thread commits them by itself
+        self.defer_delay = DEFER_DELAY
         self._tm = transaction.TransactionManager(explicit=True)
         self._conn = db.open(transaction_manager=self._tm)
         self.commits = 0          # how many ZODB commits were made
@@ -158,9 +167,37 @@ class Committer:
                 self._cond.notify()
         return ticket
 
+    def defer(self, ops, on_commit=None, on_fail=None):
+        """Queue a unit nobody waits for and return its Ticket: it joins the next commit,
+        and at the latest defer_delay seconds from the first waiting deferred unit the
+        committer thread commits it by itself."""
+        ticket = Ticket(ops, on_commit, on_fail)
+        with self._cond:
+            if self._closing:
+                raise CommitterClosed("the queue's storage is closed")
+            if not self._deferred:
+                self._deferred_due = self._monotonic() + self.defer_delay
+                self._cond.notify()         # the thread sets its alarm
+            self._deferred.append(ticket)
+        return ticket
+
+    def flush(self):
+        """Commit every deferred unit now; return once they are settled (each ticket
+        holds its own outcome)."""
+        with self._cond:
+            if not self._deferred:
+                return
+        barrier = self.submit([], lead=True)   # commits with (or after) the deferred ones
+        barrier.wait()
+
+    def due(self, now):
+        """Whether the deferred units must be committed now (at monotonic time now)."""
+        return bool(self._deferred) and now >= self._deferred_due
+
     def busy(self):
-        """Whether a commit is under way or units wait for one (a hint: not locked)."""
-        return self._baton.locked() or bool(self._pending)
+        """Whether a commit is under way or units (deferred ones too) wait for one (a hint:
+        not locked)."""
+        return self._baton.locked() or bool(self._pending) or bool(self._deferred)
 
     def _lead(self):
         """Commit what is pending in the calling thread, if the baton is free."""
@@ -174,7 +211,8 @@ class Committer:
     def _commit_pending(self):
         """With the baton: commit every pending unit as one group (False if none)."""
         with self._cond:
-            batch, self._pending = self._pending, []
+            batch, self._pending = self._deferred + self._pending, []
+            self._deferred = []
         if not batch:
             return False
         try:
@@ -215,9 +253,15 @@ class Committer:
             while True:
                 with self._cond:
                     while not self._pending and not self._closing:
-                        # The timeout only matters if a leading caller never came to wait
-                        # (an exception between submit and wait): its unit still commits.
-                        self._cond.wait(LEADER_GRACE)
+                        if self.due(self._monotonic()):
+                            break
+                        # The timeout matters if a leading caller never came to wait
+                        # (an exception between submit and wait): its unit still commits;
+                        # and for deferred units, which must not wait longer than their delay.
+                        wait = LEADER_GRACE
+                        if self._deferred:
+                            wait = min(wait, max(0.0, self._deferred_due - self._monotonic()))
+                        self._cond.wait(wait)
                     closing = self._closing
                 with self._baton:
                     if not self._commit_pending() and closing:

@@ -23,7 +23,7 @@ import weakref
 import transaction
 from ZODB.Connection import Connection as _ZODBConnection
 
-from . import codec, store
+from . import codec, deferred, store
 from .errors import AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, StaleAck
 from .fresh import read_fresh
 from .message import Message, MessageId
@@ -660,7 +660,11 @@ class QueueConnection(ThreadBound):
                     txn.acks.append(h)
             return
         try:
-            self._state.ack_many(holdings)
+            if self._front.acks == "deferred":
+                deferred.of(self._state).ack(holdings)
+                _forget(holdings)         # gone from this process's view at once
+            else:
+                self._state.ack_many(holdings)
         finally:
             _forget([h for h in holdings if h.released is not None])
 
@@ -687,7 +691,10 @@ class QueueConnection(ThreadBound):
                 if h not in txn.got and h not in txn.acks:
                     txn.acks.append(h)
                 return
-            self._state.ack(h)
+            if self._front.acks == "deferred":
+                deferred.of(self._state).ack([h])
+            else:
+                self._state.ack(h)
         except StaleAck:
             _forget([h])
             raise

@@ -27,7 +27,7 @@ import weakref
 
 import transaction
 
-from . import remote, store
+from . import deferred, remote, store
 from .connection import QueueConnection, check_visibility
 from .codec import allowed_set, check_codec
 from .errors import CodecMismatch, NotHeld, QueueKindMismatch
@@ -189,7 +189,11 @@ class AckQueue(_stdlib_queue.Queue):
       as such; any other object is pickled), "json", "str" or "bytes".  It is stored with
       the queue when first given, so producers and consumers agree: opening a queue with
       another codec raises CodecMismatch; None uses the stored one.  Any front decodes any
-      stored body, whatever the codec.
+      stored body, whatever the codec;
+    - acks: "durable" (the default: ack, ack_many and task_done return once the ack is
+      durable) or "deferred" (they return at once; the ack is durable with the next
+      commit, within a few ms, or after flush(); a crash before then can only bring the
+      message back, see ackqueue.deferred).  Not through the queue service (http://).
     """
 
     _kind = store.FIFO
@@ -199,7 +203,8 @@ class AckQueue(_stdlib_queue.Queue):
                  visibility_timeout=None, clock=None, thread_exit="auto", durability=None,
                  lifo=False, max_receives=None, dead_letter=None, retention=None,
                  dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None,
-                 repair=False, codec=None, allowed_classes=None, ack_with_next_get=False):
+                 repair=False, codec=None, allowed_classes=None, ack_with_next_get=False,
+                 acks="durable"):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -230,6 +235,7 @@ class AckQueue(_stdlib_queue.Queue):
         self._connections = weakref.WeakSet()
         self._clock = clock = clock or time.time
         self.ack_with_next_get = remote.check_ack_with_next_get(ack_with_next_get, path)
+        self.acks = deferred.check_acks(acks, remote.is_url(path))
         self._database = (remote.RemoteDatabase(self, path, db, durability, repair)
                           if remote.is_url(path) else open_database(path, db, durability, repair))
         try:
@@ -613,16 +619,34 @@ class AckQueue(_stdlib_queue.Queue):
         one atomic commit; an exception rolls them all back (and propagates)."""
         return self._conn().transaction()
 
+    def flush(self):
+        """Return once every deferred ack of this queue (acks="deferred") is durable;
+        raises the error a deferred ack's commit met (its message was given back).
+        Nothing to do in the default mode, where every ack is durable when it returns."""
+        self._check_open()
+        pending = getattr(self._state, "deferred_acks", None)
+        if pending is not None:
+            pending.flush()
+
     def close(self):
-        """Give back what this queue object's connections hold and release the storage."""
+        """Flush deferred acks, give back what this queue object's connections hold and
+        release the storage."""
         if self._closed:
             return
+        failed = None
+        if self.acks == "deferred":
+            try:
+                self.flush()
+            except Exception as exc:    # its message was given back; close, then raise
+                failed = exc
         self._closed = True
         for conn in list(self._connections):
             conn.close()
         with self.mutex:
             self.all_tasks_done.notify_all()      # a join() in progress raises "closed"
         self._database._release()
+        if failed is not None:
+            raise failed
 
     def __enter__(self):
         return self

@@ -24,6 +24,7 @@ def _contenders():
         persist_queue.CONTENDER,
         litequeue.CONTENDER,
         ackqueue.FSYNC,
+        ackqueue.DEFERRED,        # acks="deferred" (issue 28 point 3)
         lean.CONTENDER,
         ackqueue.MEMORY,
         ackqueue.OS,              # measured once AckQueue has durability= (issue 5)

@@ -152,3 +152,20 @@ OS = Contender(
     "ackqueue-os", "ackqueue (os)", lambda d: AckQueueAdapter(d, durability="os"),
     "ZODB FileStorage, durability='os': written to the OS, no fsync; survives a "
     "process crash, not a power loss", family="ackqueue", available=has_durability_option)
+
+
+def has_deferred_acks():
+    """Whether AckQueue takes acks= (issue 28 point 3)."""
+    try:
+        from ackqueue import AckQueue
+        return "acks" in inspect.signature(AckQueue.__init__).parameters
+    except (ImportError, TypeError, ValueError):
+        return False
+
+
+DEFERRED = Contender(
+    "ackqueue-deferred", "ackqueue (deferred acks)",
+    lambda d: AckQueueAdapter(d, acks="deferred"),
+    "ZODB FileStorage, acks='deferred': put returns once durable (fsync'd); ack returns at "
+    "once and is durable with the next commit (a few ms at most); a crash may redeliver "
+    "what was acked just before it", family="ackqueue", available=has_deferred_acks)
