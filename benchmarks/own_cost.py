@@ -1,7 +1,7 @@
 """What one put, get and ack costs ackqueue itself, beside the lean ZODB queue (issue 28.1).
 
-For each of ackqueue (fsync) and the lean queue (benchmarks/lean.py), in one thread on a
-fresh file: N puts, then N get+acks one at a time (scenario (a)), then the same in batches
+For each of ackqueue (fsync), the lean queue (benchmarks/lean.py) and ackqueue's floor
+(benchmarks/contenders/ackqueue_floor.py), in one thread on a fresh file: N puts, then N get+acks one at a time (scenario (a)), then the same in batches
 of 100 (scenario (d)).  It reports, per phase:
 
 - records per commit, bytes per commit and the classes written, read back from the .fs
@@ -72,6 +72,22 @@ class _Ack:
         self.q.close()
 
 
+class _Floor(_Ack):
+    """ackqueue with the ready-set and counter writes off (benchmarks/contenders/
+    ackqueue_floor.py): what is left when a commit writes the message segment alone."""
+
+    label = "ackqueue, no ready/counter writes (floor)"
+    file_name = "queue.fs"      # where the suite's adapter puts it
+
+    def __init__(self, path):
+        from benchmarks.contenders.ackqueue_floor import FloorAdapter
+        self._adapter = FloorAdapter(os.path.dirname(path))
+        self.q = self._adapter.q
+
+    def close(self):
+        self._adapter.close()
+
+
 class _Lean:
     label = "ZODB lean (reference)"
 
@@ -110,7 +126,7 @@ def _phases(q, n, batch=100):
 def measure(kind, n, top):
     """{phase: {...}} for one contender on a fresh file."""
     with tempfile.TemporaryDirectory(dir=os.environ.get("OWN_COST_TMP")) as d:
-        path = os.path.join(d, "q.fs")
+        path = os.path.join(d, getattr(kind, "file_name", "q.fs"))
         q = kind(path)
         results, marks = {}, []
         for phase, count, run in _phases(q, n):
@@ -161,7 +177,7 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--top", type=int, default=0)
     args = p.parse_args(argv)
-    for kind in (_Ack, _Lean):
+    for kind in (_Ack, _Lean, _Floor):
         res = measure(kind, args.n, args.top)
         print(f"== {kind.label}")
         for phase, r in res.items():
