@@ -279,6 +279,10 @@ class LocalArbiter:
         return op, (seq, self.memory_key(skey, item, priority), meta, visible_at)
 
     def arrive(self, entries):
+        # Getters, listeners and the reaper are told once per batch (a listener learns
+        # that the queue has something ready, not how many; notify(count) wakes count
+        # getters), not once per message: a put_many of 100 made 100 wake-ups.
+        ready = delayed = 0
         for seq, key, meta, visible_at in entries:
             if (self.cached_bytes + len(meta.body) <= BODY_CACHE_BYTES
                     and len(self.meta) < BODY_CACHE_ITEMS):
@@ -286,10 +290,14 @@ class LocalArbiter:
                 self.cached_bytes += len(meta.body)
             if visible_at:
                 heapq.heappush(self.delayed, (visible_at, seq, key))
-                self.state.reaper_wake.notify()
+                delayed += 1
             else:
                 self.ready.push(key)
-                self.state.signal_ready()
+                ready += 1
+        if delayed:
+            self.state.reaper_wake.notify()
+        if ready:
+            self.state.signal_ready(ready)
 
     def check_orderable(self, items):
         """A priority queue's items must compare with each other, as heapq needs."""

@@ -13,7 +13,7 @@ Everything else (the command line's --contender ids, the tables, the chart) foll
 """
 from benchmarks.contenders import (ackqueue, lean, litequeue, persist_queue, service,
                                    stdlib, zeo)
-from benchmarks.contenders import ackqueue_remote
+from benchmarks.contenders import ackqueue_floor, ackqueue_remote
 from benchmarks.contenders.base import Adapter, Contender, SharedContender  # noqa: F401
 
 
@@ -26,6 +26,7 @@ def _contenders():
         ackqueue.FSYNC,
         ackqueue.DEFERRED,        # acks="deferred" (issue 28 point 3)
         lean.CONTENDER,
+        ackqueue_floor.CONTENDER,  # a floor: no ready/counter writes (issue 28.1)
         ackqueue.MEMORY,
         ackqueue.OS,              # measured once AckQueue has durability= (issue 5)
         zeo.CONTENDER,

@@ -1,0 +1,192 @@
+"""What one put, get and ack costs ackqueue itself, beside the lean ZODB queue (issue 28.1).
+
+For each of ackqueue (fsync), the lean queue (benchmarks/lean.py) and ackqueue's floor
+(benchmarks/contenders/ackqueue_floor.py), in one thread on a fresh file: N puts, then N get+acks one at a time (scenario (a)), then the same in batches
+of 100 (scenario (d)).  It reports, per phase:
+
+- records per commit, bytes per commit and the classes written, read back from the .fs
+  with ZODB's FileStorage iterator (what the storage really stored);
+- Python function calls per item (cProfile's count, profiler on; a measure of frames, not
+  of time), and the top functions by own time with --top.
+
+    python -m benchmarks.own_cost [--n 400] [--top 15]
+"""
+import argparse
+import collections
+import cProfile
+import os
+import pstats
+import tempfile
+
+from ZODB.FileStorage import FileStorage
+from ZODB.utils import get_pickle_metadata
+
+from benchmarks.common import make_item
+
+
+def _transactions(path):
+    """[(records, bytes, Counter of class names)] for every transaction of the file."""
+    storage = FileStorage(path, read_only=True)
+    out = []
+    try:
+        for txn in storage.iterator():
+            classes, size, count = collections.Counter(), 0, 0
+            for rec in txn:
+                if rec.data is None:
+                    continue
+                module, name = get_pickle_metadata(rec.data)
+                classes[name] += 1
+                size += len(rec.data)
+                count += 1
+            out.append((count, size, classes))
+    finally:
+        storage.close()
+    return out
+
+
+class _Ack:
+    """ackqueue.AckQueue on a file, driven as the suite's adapter drives it."""
+
+    label = "ackqueue (fsync)"
+
+    def __init__(self, path):
+        from ackqueue import AckQueue
+        self.q = AckQueue(path=path)
+
+    def put(self, item):
+        self.q.put(item)
+
+    def get_ack(self):
+        self.q.ack(self.q.get(timeout=30))
+
+    def put_batch(self, items):
+        self.q.put_many(items)
+
+    def get_ack_batch(self, n):
+        got = []
+        while len(got) < n:
+            got.extend(self.q.get_many(n - len(got), timeout=30))
+        self.q.ack_many(got)
+
+    def close(self):
+        self.q.close()
+
+
+class _Floor(_Ack):
+    """ackqueue with the ready-set and counter writes off (benchmarks/contenders/
+    ackqueue_floor.py): what is left when a commit writes the message segment alone."""
+
+    label = "ackqueue, no ready/counter writes (floor)"
+    file_name = "queue.fs"      # where the suite's adapter puts it
+
+    def __init__(self, path):
+        from benchmarks.contenders.ackqueue_floor import FloorAdapter
+        self._adapter = FloorAdapter(os.path.dirname(path))
+        self.q = self._adapter.q
+
+    def close(self):
+        self._adapter.close()
+
+
+class _Lean:
+    label = "ZODB lean (reference)"
+
+    def __init__(self, path):
+        from benchmarks.lean import LeanZodbQueue
+        self.q = LeanZodbQueue(path)
+
+    def put(self, item):
+        self.q.put(item)
+
+    def get_ack(self):
+        self.q.ack(self.q.get(30))
+
+    def put_batch(self, items):
+        self.q.put_many(items)
+
+    def get_ack_batch(self, n):
+        got = []
+        while len(got) < n:
+            got.extend(self.q.get_many(n - len(got), 30))
+        self.q.ack_many(got)
+
+    def close(self):
+        self.q.close()
+
+
+def _phases(q, n, batch=100):
+    items = [make_item(i) for i in range(n)]
+    yield "put", n, lambda: [q.put(it) for it in items]
+    yield "get+ack", n, lambda: [q.get_ack() for _ in range(n)]
+    chunks = [items[i:i + batch] for i in range(0, n, batch)]
+    yield f"put_many({batch})", n, lambda: [q.put_batch(c) for c in chunks]
+    yield f"get_many+ack_many({batch})", n, lambda: [q.get_ack_batch(len(c)) for c in chunks]
+
+
+def measure(kind, n, top):
+    """{phase: {...}} for one contender on a fresh file."""
+    with tempfile.TemporaryDirectory(dir=os.environ.get("OWN_COST_TMP")) as d:
+        path = os.path.join(d, getattr(kind, "file_name", "q.fs"))
+        q = kind(path)
+        results, marks = {}, []
+        for phase, count, run in _phases(q, n):
+            start = len(_transactions_live(path))
+            prof = cProfile.Profile()
+            prof.enable()
+            run()
+            prof.disable()
+            stats = pstats.Stats(prof)
+            marks.append((phase, count, start, stats))
+        q.close()
+        txns = _transactions(path)
+        ends = [m[2] for m in marks[1:]] + [len(txns)]
+        for (phase, count, start, stats), end in zip(marks, ends):
+            phase_txns = txns[start:end]
+            classes = collections.Counter()
+            for _, _, c in phase_txns:
+                classes.update(c)
+            commits = max(1, len(phase_txns))
+            results[phase] = {
+                "commits": len(phase_txns),
+                "records_per_commit": sum(t[0] for t in phase_txns) / commits,
+                "bytes_per_commit": sum(t[1] for t in phase_txns) / commits,
+                "classes_per_commit": {k: round(v / commits, 2)
+                                       for k, v in classes.most_common()},
+                "calls_per_item": stats.total_calls / count,
+                "top": _top(stats, top),
+            }
+    return results
+
+
+def _transactions_live(path):
+    """Transactions so far, read while the queue holds the file (a read-only second
+    FileStorage on the same file reads what is committed)."""
+    return _transactions(path)
+
+
+def _top(stats, top):
+    if not top:
+        return []
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    return [(f"{os.path.basename(f)}:{line}({name})", nc, round(tt * 1e3, 1))
+            for (f, line, name), (cc, nc, tt, ct, callers) in rows]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=400)
+    p.add_argument("--top", type=int, default=0)
+    args = p.parse_args(argv)
+    for kind in (_Ack, _Lean, _Floor):
+        res = measure(kind, args.n, args.top)
+        print(f"== {kind.label}")
+        for phase, r in res.items():
+            print(f"  {phase:28s} commits {r['commits']:4d}  records/commit "
+                  f"{r['records_per_commit']:5.2f}  bytes/commit {r['bytes_per_commit']:7.0f}"
+                  f"  calls/item {r['calls_per_item']:7.1f}  {r['classes_per_commit']}")
+            for row in r["top"]:
+                print(f"      {row[0]:60s} calls {row[1]:7d}  own ms {row[2]:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
