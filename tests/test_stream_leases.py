@@ -2,12 +2,14 @@
 real queue file in this process, with an injected clock: a leased part is read back the
 same after the file is reopened, a run-out lease puts its messages back, a commit is
 cumulative, idempotent and remembered, and a part failing its processor is halved and
-then dead-lettered.  (tests/test_service_batches.py does the same through a real service
+then dead-lettered; parts of one stream are read at once, a commit alone.  (tests/test_service_batches.py does the same through a real service
 that is SIGKILLed and restarted.)"""
+import threading
+
 import pytest
 
 from ackqueue import AckQueue, codec
-from ackqueue.service.streams import Book
+from ackqueue.service.streams import Book, StreamLock
 
 
 class Clock:
@@ -105,3 +107,29 @@ def test_a_part_failing_each_time_is_halved_then_dead_lettered(path):
     assert book.lease(q, "s", (1, 0), 2, 30)[0] == []     # the part stays empty
     dead.close()
     q.close()
+
+
+def test_parts_of_a_stream_are_read_at_once_and_a_commit_waits_for_them():
+    lock = StreamLock()
+    events = []
+    inside = threading.Event()
+
+    def other_part():
+        with lock.part((1, 1)):
+            events.append("part 1 in")
+            inside.set()
+
+    def whole():
+        with lock.whole():
+            events.append("whole")
+
+    with lock.part((1, 0)):
+        t = threading.Thread(target=other_part)
+        t.start()
+        assert inside.wait(30)                # entered while part 0 is held
+        w = threading.Thread(target=whole)
+        w.start()
+        t.join(30)
+        events.append("part 0 out")
+    w.join(30)
+    assert events == ["part 1 in", "part 0 out", "whole"]

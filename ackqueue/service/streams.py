@@ -21,8 +21,8 @@ messages are in the record, not in the queue (the queue's counts do not show the
   Book.lease): halved, or its one message moved to the dead-letter queue, in one commit.
 
 The record is an OOBTree of plain values (no class of this module is named in a file):
-``("part", queue, stream, seq, part) -> {"messages": [(id, body, priority, attributes,
-sent_at, receive_count), ...], "reads": n, "deadline": t}`` and ``("committed", queue,
+``("part", queue, stream, seq, part) -> {"messages": PersistentList([(id, body, priority,
+attributes, sent_at, receive_count), ...]), "reads": n, "deadline": t}`` and ``("committed", queue,
 stream) -> the last seq committed``.  This process must be the record's only writer (the
 service holds its storage alone), so what Book holds in memory is what was committed: the
 record is read once, by load(), at start.
@@ -30,12 +30,14 @@ record is read once, by load(), at start.
 import threading
 import time
 from collections import namedtuple
+from contextlib import contextmanager
 
 from BTrees.OOBTree import OOBTree
+from persistent.list import PersistentList
 
 from ackqueue import atomic
 
-__all__ = ["Book", "Held", "ROOT_KEY"]
+__all__ = ["Book", "Held", "StreamLock", "ROOT_KEY"]
 
 ROOT_KEY = "ackqueue.streams"
 
@@ -60,9 +62,60 @@ class Part:
         return cls([Held(*m) for m in value["messages"]], value["reads"], value["deadline"])
 
 
+class StreamLock:
+    """Reads of different parts of a stream run at once (their commits can share a group
+    commit); reads of one part run one at a time; a commit or an expiry of the stream runs
+    alone."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._whole = False
+        self._parts = {}                # (seq, part) -> threading.Lock
+
+    @contextmanager
+    def part(self, key):
+        with self._cond:
+            while self._whole:
+                self._cond.wait()
+            self._readers += 1
+            lock = self._parts.setdefault(key, threading.Lock())
+        try:
+            with lock:
+                yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._parts.clear()
+                    self._cond.notify_all()
+
+    @contextmanager
+    def whole(self):
+        with self._cond:
+            while self._whole or self._readers:
+                self._cond.wait()
+            self._whole = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._whole = False
+                self._cond.notify_all()
+
+
+class _Renew:
+    """A change of a part's read count and deadline alone (its messages stay)."""
+
+    def __init__(self, reads, deadline):
+        self.reads, self.deadline = reads, deadline
+
+
 class _Write:
-    """A store operation on the record: set keys to values, delete those whose value is
-    None.  Logical, so it re-applies cleanly when the commit is retried."""
+    """A store operation on the record: set keys to values (a part's messages become an
+    object of their own, so that the tree's buckets hold only references and a renewal
+    writes no body again), renew parts (_Renew), delete those whose value is None.
+    Logical, so it re-applies cleanly when the commit is retried."""
 
     def __init__(self, changes):
         self.changes = changes
@@ -77,6 +130,10 @@ class _Write:
         for key, value in self.changes:
             if value is None:
                 tree.pop(key, None)
+            elif isinstance(value, _Renew):
+                tree[key] = dict(tree[key], reads=value.reads, deadline=value.deadline)
+            elif isinstance(value, dict):
+                tree[key] = dict(value, messages=PersistentList(value["messages"]))
             else:
                 tree[key] = value
 
@@ -129,9 +186,9 @@ class Book:
         self._locks_lock = threading.Lock()
 
     def lock(self, name, stream):
-        """The lock of one stream: its parts change one call at a time."""
+        """The StreamLock of one stream."""
         with self._locks_lock:
-            return self._locks.setdefault((name, stream), threading.Lock())
+            return self._locks.setdefault((name, stream), StreamLock())
 
     def load(self, db):
         """Read the record of db (once, before any other call)."""
@@ -151,7 +208,7 @@ class Book:
 
     def count(self):
         """(parts, messages) leased now."""
-        parts = [p for by_key in self.parts.values() for p in by_key.values()]
+        parts = [p for by_key in list(self.parts.values()) for p in list(by_key.values())]
         return len(parts), sum(len(p.messages) for p in parts)
 
     def streams_of(self, name):
@@ -179,9 +236,11 @@ class Book:
         cornered in about max_receives * log2(n) reads while its batch-mates go on.
         A part of a committed seq returns nothing."""
         name = q.name
-        with self.lock(name, stream):
-            now = self.clock()
-            self._expire(q, stream, now)
+        lock, now = self.lock(name, stream), self.clock()
+        if self._run_out(name, stream, now):
+            with lock.whole():
+                self._expire(q, stream, now)
+        with lock.part(key):
             if key[0] <= self.committed.get((name, stream), -1):
                 return [], 0
             by_key = self.parts.setdefault((name, stream), {})
@@ -192,7 +251,7 @@ class Book:
             new = Part(part.messages, part.reads + 1, now + visibility_timeout)
             if max_receives is not None and new.reads > max_receives and new.messages:
                 return self._isolate(q, stream, key, new, dead_letter), 0
-            self._write(q, [(_part_key(name, stream, key), new.stored())])
+            self._write(q, [(_part_key(name, stream, key), _Renew(new.reads, new.deadline))])
             by_key[key] = new
             return new.messages, new.reads - 1
 
@@ -231,7 +290,7 @@ class Book:
         (messages those parts held, the stream's last committed seq).  Cumulative and
         idempotent: a repeat finds nothing to delete."""
         name = q.name
-        with self.lock(name, stream):
+        with self.lock(name, stream).whole():
             by_key = self.parts.get((name, stream), {})
             keys = [k for k in by_key if k[0] <= upto]
             done = max(self.committed.get((name, stream), -1), upto)
@@ -243,9 +302,14 @@ class Book:
             self.committed[(name, stream)] = done
             return acked, done
 
+    def _run_out(self, name, stream, now):
+        """Whether a part of the stream has a lease that ran out (a look, no lock)."""
+        return any(p.deadline <= now
+                   for p in list(self.parts.get((name, stream), {}).values()))
+
     def _expire(self, q, stream, now):
         """Put back the messages of q's stream's parts whose lease ran out, and delete
-        those parts, in one commit (the stream's lock held); how many messages."""
+        those parts, in one commit (the whole stream locked); how many messages."""
         by_key = self.parts.get((q.name, stream), {})
         keys = [k for k, p in by_key.items() if p.deadline <= now]
         if not keys:
@@ -263,11 +327,11 @@ class Book:
         (queue, stream, messages given back) of each stream that gave some back."""
         now = self.clock()
         out = []
-        for (name, stream), by_key in list(self.parts.items()):
-            if not any(p.deadline <= now for p in list(by_key.values())):
+        for name, stream in list(self.parts):
+            if not self._run_out(name, stream, now):
                 continue
             q = open_queue(name)
-            with self.lock(name, stream):
+            with self.lock(name, stream).whole():
                 given = self._expire(q, stream, now)
             if given:
                 out.append((name, stream, given))
