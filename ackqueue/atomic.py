@@ -14,12 +14,35 @@ service (``path="http://..."``), whose blocks travel as one atomic batch request
 are not acknowledged by it: if one was given back meanwhile (deadline, nack, lease),
 StaleAck is raised and nothing is written.  The queue service's batch endpoint uses this
 for its lease checks.
+
+``t.write(op)`` inside the block adds a write to a record of the caller's own in the same
+commit (op: an object with ``check(root)`` and ``apply(root)``, as ackqueue.store's
+operations, applied to the database root; it must re-apply cleanly, as a commit retried
+after a conflict applies it again, and never touch ``root["ackqueue"]``).  The service's
+durable stream leases (ackqueue/service/streams.py) write their record with the messages
+they take this way.
 """
 from .connection import commit_blocks
 from .errors import NotHeld
 from .remote_block import RemoteBlock, commit_together
 
 __all__ = ["transaction"]
+
+
+class _OwnWrite:
+    """A caller's write as one of the commit's store operations (store.apply_unit)."""
+
+    apply_run = None            # never batched with a neighbour
+    name = None
+
+    def __init__(self, op):
+        self.op = op
+
+    def check(self, root):
+        self.op.check(root)
+
+    def apply(self, root):
+        self.op.apply(root)
 
 
 class transaction:
@@ -41,6 +64,11 @@ class transaction:
             self.keep.setdefault(m.queue, []).append(holding)
         self._by_name = by_name
         self.blocks = []
+        self.writes = []
+
+    def write(self, op):
+        """Commit op (a write of the caller's own record) with the block (see above)."""
+        self.writes.append(_OwnWrite(op))
 
     def __enter__(self):
         try:
@@ -65,6 +93,8 @@ class transaction:
             return False
         keep = [(self._by_name[name]._state, holdings)
                 for name, holdings in self.keep.items()]
+        # The writes travel as the first block's last operations: one unit, one commit.
+        self.blocks[0].put_ops.extend(self.writes)
         commit_blocks(self.blocks, keep)
         return False
 

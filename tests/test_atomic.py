@@ -100,3 +100,44 @@ def test_an_exception_inside_rolls_back_every_queue(two):
             raise RuntimeError("crawler failed")
     assert links.qsize() == 0
     pages.ack(m)                               # still held
+
+
+class Note:
+    """A write of a record of the caller's own (root["test.notes"]), as t.write takes."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def check(self, root):
+        pass
+
+    def apply(self, root):
+        root["test.notes"] = root.get("test.notes", ()) + (self.text,)
+
+
+def notes(path):
+    q = AckQueue(path=path, name="pages")
+    conn = q.db.open()
+    try:
+        return conn.root().get("test.notes", ())
+    finally:
+        conn.close()
+        q.close()
+
+
+def test_a_write_of_ones_own_record_commits_with_the_block_or_not_at_all(two):
+    path, pages, links = two
+    pages.put_many(["p1", "p2"])
+    with transaction(pages, links) as t:
+        got = pages.get()
+        t.write(Note(got))
+    with pytest.raises(RuntimeError):
+        with transaction(pages) as t:
+            got = pages.get()
+            t.write(Note(got))
+            raise RuntimeError("rolled back")
+    assert pages.qsize() == 1                  # p2 given back, p1 taken with its note
+    pages.close()
+    links.close()
+    assert notes(path) == ("p1",)
+    assert reopen(path) == (1, [])

@@ -1,7 +1,11 @@
 """The service's routes for stream processors (ackqueue/service/batches.py), against a
 real ``ackqueue serve``: a leased batch part reads the same messages again until its
-stream commits it, a commit is cumulative and idempotent, a lease that runs out gives its
-messages back, and rows put twice under the same dedup ids are stored once."""
+stream commits it, also after the service is SIGKILLed and restarted; a commit is
+cumulative and idempotent, and remembered across a restart; a lease that runs out gives
+its messages back, also one that ran out while the service was down; and rows put twice
+under the same dedup ids are stored once."""
+import time
+
 import pytest
 
 from ackqueue import AckQueue
@@ -31,7 +35,8 @@ def test_a_part_is_read_again_the_same_until_committed(service):
     assert [p for _, p in first] == [b"m0", b"m1", b"m2", b"m3"]
     assert not set(ids(first)) & set(ids(other))
     assert [h["receive_count"] for h, _ in again] == [2] * 4      # each read counts
-    assert q.counts() == {"ready": 2, "in_flight": 8, "delayed": 0}
+    # The leased messages left the queue for the stream's record.
+    assert q.counts() == {"ready": 2, "in_flight": 0, "delayed": 0}
     assert c.commit("in", "s1", 1) == {"acked": 8, "committed": 1}
     assert c.commit("in", "s1", 1) == {"acked": 0, "committed": 1}   # idempotent
     assert c.read_batch("in", "s1", 1, 0, 4, 60) == []               # committed: nothing
@@ -44,8 +49,60 @@ def test_a_lease_that_runs_out_gives_the_messages_back(service):
     q.put_many(["a", "b"])
     c = Client(service.url)
     assert len(c.read_batch("in", "s2", 1, 0, 10, 0.2)) == 2
-    # The queue's own deadline gives them back; the next read of the part receives afresh.
+    # The service's sweep puts them back (the wait is a failure bound, not a timing).
     assert sorted(q.get(timeout=30) for _ in range(2)) == ["a", "b"]
+    assert len(c.read_batch("in", "s2", 1, 0, 10, 60)) == 0     # taken afresh: none left
+    c.close()
+
+
+def read_all(c, stream, parts):
+    return {part: c.read_batch("in", stream, 1, part, 3, 60) for part in parts}
+
+
+def test_a_part_read_before_a_sigkill_is_read_the_same_after_the_restart(service):
+    q = AckQueue(path=service.url, name="in")
+    q.put_many([f"m{i}" for i in range(8)], attributes={"k": "v"}, priority=5)
+    q.close()
+    c = Client(service.url)
+    before = read_all(c, "s3", [0, 1])
+    service.kill()
+    service.start()
+    assert c.counts("in")["ready"] == 2         # the leased ones did not come back
+    assert c.streams("in") == {"s3": {"committed": -1, "parts": 2, "messages": 6}}
+    after = read_all(c, "s3", [1, 0])           # in another order: each its own
+    for part in range(2):
+        assert [(h["id"], h["attributes"], h["priority"], p) for h, p in after[part]] == [
+            (h["id"], h["attributes"], h["priority"], p) for h, p in before[part]]
+        assert [h["receive_count"] for h, _ in after[part]] == [2, 2, 2]
+    assert c.counts("in")["ready"] == 2
+    assert c.commit("in", "s3", 1) == {"acked": 6, "committed": 1}
+    service.kill()
+    service.start()
+    assert c.commit("in", "s3", 1) == {"acked": 0, "committed": 1}    # remembered
+    assert c.streams("in") == {"s3": {"committed": 1, "parts": 0, "messages": 0}}
+    assert c.read_batch("in", "s3", 1, 0, 3, 60) == []
+    q = AckQueue(path=service.url, name="in")
+    assert sorted(q.get(timeout=10) for _ in range(2)) == ["m6", "m7"]
+    assert q.qsize() == 0
+    q.close()
+    c.close()
+
+
+def test_a_lease_that_ran_out_while_the_service_was_down_is_given_back_at_start(service):
+    q = AckQueue(path=service.url, name="in")
+    q.put_many(["a", "b", "c"])
+    q.close()
+    c = Client(service.url)
+    assert len(c.read_batch("in", "s4", 1, 0, 2, 0.5)) == 2
+    answered = time.time()
+    service.kill()
+    while time.time() <= answered + 0.5:      # past the lease's deadline (wall clock)
+        time.sleep(0.1)
+    service.start()                           # expires run-out leases before it listens
+    q = AckQueue(path=service.url, name="in")
+    assert q.counts() == {"ready": 3, "in_flight": 0, "delayed": 0}
+    assert sorted(q.get(timeout=10) for _ in range(3)) == ["a", "b", "c"]
+    q.close()
     c.close()
 
 

@@ -74,6 +74,7 @@ ROUTES = {
     # leased batches and row puts of stream processors (service/batches.py)
     ("POST", "/v1/queues/{name}/streams/{stream}/batches/{seq}/{part}"): ("read", "path"),
     ("POST", "/v1/queues/{name}/streams/{stream}/commit"): ("read", "path"),
+    ("GET", "/v1/queues/{name}/streams"): ("read", "path"),
     ("POST", "/v1/queues/{name}/rows"): ("write", "path"),
     # figures
     ("GET", "/stats"): ("admin", "all"),

@@ -4,107 +4,103 @@
 A stream processor that replays a batch after a failure must read exactly the batch it
 read before, and must acknowledge only once it has finished the batch for good.  So the
 service keeps, per queue and *stream* (an id the processor keeps in its own checkpoint),
-a record for each batch part, keyed by the part's sequence number and index:
+a durable record for each batch part, keyed by the part's sequence number and index
+(ackqueue/service/streams.py: the messages leave the queue and the record naming them
+appears in one commit, so it survives the service's crash as well as the processor's):
 
 ``POST /v1/queues/{name}/streams/{stream}/batches/{seq}/{part}?max=N&visibility_timeout=S
 [&max_receives=K&dead_letter=Q]``
-    The first call receives up to N ready messages (not waiting) for the record and holds
-    them for S seconds; every later call returns the same messages, their lease renewed
+    The first call takes up to N ready messages (not waiting) out of the queue into the
+    record and leases them for S seconds; every later call, before or after a restart of
+    the service, returns the same messages (ids, bodies, attributes), their lease renewed
     for S seconds from then.  Each call counts as one receive of its messages (the
     ``receive_count`` returned is the queue's count plus the calls after the first).  With
     max_receives, a record read more than max_receives times is failing its processor
     each time: one message alone is moved to the queue dead_letter (or dropped); more are
-    halved, the second half given back to the queue and the first half kept under a fresh
-    count (see _isolate); so a replay is exact for the first max_receives reads.  The first
-    receive applies the queue's own rule (a message received max_receives times goes to
-    dead_letter at the get that would deliver it once more).  A record whose
-    lease ran out is dropped (its messages went back to the queue) and the call receives
+    halved, the second half put back into the queue and the first half kept under a fresh
+    count (streams.Book.lease); so a replay is exact for the first max_receives reads.  The
+    first receive applies the queue's own rule (a message received max_receives times goes
+    to dead_letter at the get that would deliver it once more).  A record whose lease ran
+    out is deleted and its messages put back into the queue (at its tail, as new
+    messages), in one commit, by the next call on the stream or the service's sweep
+    (every second, and at start before it listens); a later read of that part takes
     afresh.  A part of a batch already committed (seq at or below the stream's commit)
     returns nothing.  The answer is frames (ackqueue.service.http.encode_frames): a JSON
     header ``{"messages": [{id, receive_count, sent_at, priority, attributes, encoding},
     ...]}`` and then each message's body.
 ``POST /v1/queues/{name}/streams/{stream}/commit?upto=SEQ``
-    Acknowledge the messages of every record of the stream up to seq SEQ (cumulative and
-    idempotent: records already committed are gone, a repeated commit acks nothing).
+    Delete the records of every part of the stream up to seq SEQ, their messages done for
+    good (cumulative and idempotent: a repeated commit acks nothing); the answer says
+    ``{"acked": messages those records held, "committed": the stream's last seq}``.
+``GET /v1/queues/{name}/streams``
+    The queue's streams, as leased now: ``{"streams": {stream: {"committed": last seq
+    committed (-1: none), "parts": parts leased, "messages": messages they hold}}}``.
 ``POST /v1/queues/{name}/rows?encoding=str|bytes&dedup_window=S``
     Put rows, each with its own dedup id: frames, a JSON header ``{"dedup_ids": [...],
     "priorities": [...]|null, "attributes": [...]|null}`` then each row's body.  A row
     whose dedup id was put less than S seconds ago (default: one day) is skipped, not
     refused; the answer says ``{"put": n, "duplicates": k}``.
-
-The records live in the service process: they survive the processor's crash (the case
-they exist for), not the service's (a restarted service has given every lease back, so
-the messages are received again in later batches: at least once still holds).
 """
 import asyncio
 import json
+import logging
 import time
 
 from aiohttp import web
 
 from ackqueue import codec, store
-from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
+from ackqueue.errors import DuplicateMessage
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 from ackqueue.state import PutOptions
 
-from .core import ClientConn, check_client
+from .core import check_client
 from .http import (API, FRAMES, MAX_BATCH, ApiError, _marked, _name, _number, decode_frames,
                    encode_frames)
+from .streams import Book
 
 __all__ = ["add_routes", "BatchLeases", "OPENAPI_PATHS"]
 
+log = logging.getLogger("ackqueue.service")
+
 MAX_BATCH_RECEIVE = 10000
 DEFAULT_ROW_DEDUP_WINDOW = 86400.0
-
-
-class Record:
-    """One batch part's leased messages."""
-
-    __slots__ = ("messages", "reads", "deadline")
-
-    def __init__(self, messages, deadline):
-        self.messages = messages        # Message objects held by the stream's connection
-        self.reads = 1
-        self.deadline = deadline
-
-
-class Stream:
-    __slots__ = ("cc", "records", "committed", "lock")
-
-    def __init__(self, cc):
-        self.cc = cc
-        self.records = {}               # (seq, part) -> Record
-        self.committed = -1
-        # Two reads of one record at once (a speculative task) must not both receive.
-        self.lock = asyncio.Lock()
+SWEEP_PERIOD = 1.0              # seconds between two looks for leases that ran out
 
 
 class BatchLeases:
-    """The records of every stream; clock (wall time, as message deadlines) injectable."""
+    """The service's side of the durable leases (ackqueue.service.streams.Book): read
+    from the store at start, where run-out leases are expired before the service listens,
+    and every SWEEP_PERIOD seconds after; clock (wall time) injectable."""
 
-    def __init__(self, api, clock=time.time):
+    def __init__(self, api, clock=time.time, period=SWEEP_PERIOD):
         self.api = api
-        self.clock = clock
-        self.streams = {}               # (queue name, stream id) -> Stream
+        self.book = Book(clock)
+        self.period = period
+        self.sweeper = None
 
-    async def stream(self, name, stream_id):
-        s = self.streams.get((name, stream_id))
-        if s is None:
-            q = await self.api.queue(name)
-            conn = await self.api.run(lambda: q.connect(thread_bound=False))
-            s = self.streams.setdefault((name, stream_id), Stream(ClientConn(q, conn)))
-        return s
+    async def start(self, app=None):
+        await self.api.run(self.book.load, self.api.service._handle.db)
+        await self.expire()
+        self.sweeper = asyncio.ensure_future(self._sweep())
 
-    def sweep(self, s):
-        """Drop records whose lease ran out: their messages went back by themselves."""
-        now = self.clock()
-        for key in [k for k, r in s.records.items() if r.deadline <= now]:
-            del s.records[key]
+    async def stop(self, app=None):
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+            self.sweeper = None
 
-    async def close(self, app=None):
-        for s in list(self.streams.values()):
-            await self.api.run(s.cc.close)
-        self.streams.clear()
+    async def expire(self):
+        for name, stream, given in await self.api.run(self.book.expire_all,
+                                                      self.api.service.queue):
+            log.info("ackqueue service: the lease of %d message(s) of stream %r of queue "
+                     "%r ran out; they are back in the queue", given, stream, name)
+
+    async def _sweep(self):
+        while True:
+            await asyncio.sleep(self.period)
+            try:
+                await self.expire()
+            except Exception:
+                log.exception("ackqueue service: stream lease sweep")
 
 
 def _stream_id(request):
@@ -125,64 +121,9 @@ def _int_path(request, key):
     return value
 
 
-def _receive(cc, n, vt, policy):
-    import ackqueue
-    with cc.lock:
-        try:
-            return cc.conn.get_many(n, block=False, messages=True, raw=True,
-                                    visibility_timeout=vt, policy=policy)
-        except ackqueue.Empty:
-            return []
-
-
-def _renew(cc, messages, vt):
-    """Extend the lease of messages still held; those given back already are dropped."""
-    kept = []
-    with cc.lock:
-        for m in messages:
-            try:
-                cc.queue.change_visibility(m, vt)
-                kept.append(m)
-            except (NotHeld, StaleAck):
-                pass
-    return kept
-
-
-def _ack_all(cc, messages):
-    """Acknowledge what is still held (one commit); a delivery given back is skipped."""
-    if not messages:
-        return 0
-    with cc.lock:
-        try:
-            cc.queue.ack_many(messages)
-            return len(messages)
-        except (StaleAck, NotHeld):
-            pass
-        done = 0
-        for m in messages:
-            try:
-                cc.queue.ack_many([m])
-                done += 1
-            except (StaleAck, NotHeld):
-                pass
-        return done
-
-
-def _dead_letter(cc, m, dlq):
-    """Move m to queue dlq (None: drop it): put it there once (a dedup id per message makes
-    a repeat harmless), then acknowledge it here."""
-    if dlq is not None:
-        try:
-            dlq.put_many([m.body], encoded=True, dedup_ids=[f"dead:{m.queue}:{int(m.id)}"],
-                         attributes=dict(m.attributes or {}) or None)
-        except DuplicateMessage:
-            pass
-    _ack_all(cc, [m])
-
-
 def _frames(messages, extra_reads):
-    head = [{"id": int(m.id), "receive_count": m.receive_count + extra_reads,
-             "sent_at": m.sent_at, "priority": m.priority, "attributes": m.attributes,
+    head = [{"id": m.id, "receive_count": m.receive_count + extra_reads,
+             "sent_at": m.sent_at, "priority": m.priority, "attributes": m.attributes or {},
              "encoding": codec.kind(m.body)} for m in messages]
     parts = [json.dumps({"messages": head}, separators=(",", ":")).encode()]
     parts += [codec.payload(m.body) for m in messages]
@@ -202,55 +143,13 @@ async def read_batch(request):
         dead_letter = _name_of(dead_letter)
         if dead_letter == name:
             raise ApiError(400, "ValidationError", "a queue cannot be its own dead letter")
-    s = await leases.stream(name, stream_id)
-    async with s.lock:
-        messages, extra = await _lease(api, leases, s, key, n, vt, max_receives, dead_letter)
+    q = await api.queue(name)
+    dlq = None if dead_letter is None else await api.queue(dead_letter)
+    # The dead-letter rule of the first read's receive, as the front's get() builds it.
+    policy = q._dead_letter_policy(max_receives, dead_letter)
+    messages, extra = await api.run(leases.book.lease, q, stream_id, key, n, vt, policy,
+                                    max_receives, dlq)
     return _frames(messages, extra)
-
-
-async def _lease(api, leases, s, key, n, vt, max_receives, dead_letter):
-    """(messages, reads before this one) of the record key of stream s."""
-    leases.sweep(s)
-    if key[0] <= s.committed:
-        return [], 0
-    rec = s.records.get(key)
-    if rec is None:
-        policy = s.cc.queue._dead_letter_policy(max_receives, dead_letter)
-        got = await api.run(_receive, s.cc, n, vt, policy)
-        s.records[key] = Record(got, leases.clock() + vt)
-        return got, 0
-    rec.reads += 1
-    rec.messages = await api.run(_renew, s.cc, rec.messages, vt)
-    rec.deadline = leases.clock() + vt
-    if max_receives is not None and rec.reads > max_receives and rec.messages:
-        await _isolate(api, s.cc, rec, dead_letter)
-    return rec.messages, rec.reads - 1
-
-
-async def _isolate(api, cc, rec, dead_letter):
-    """A batch part read more than max_receives times: the processor fails on it each
-    time, and which message is to blame is not known.  One message alone goes to the
-    dead-letter queue; more are halved, the second half given back to the queue and the
-    first half read again from a fresh count, so a poison message is cornered in about
-    max_receives * log2(n) attempts while its batch-mates go on."""
-    if len(rec.messages) == 1:
-        dlq = None if dead_letter is None else await api.queue(dead_letter)
-        await api.run(_dead_letter, cc, rec.messages[0], dlq)
-        rec.messages = []
-        return
-    keep = (len(rec.messages) + 1) // 2
-    await api.run(_give_back, cc, rec.messages[keep:])
-    rec.messages = rec.messages[:keep]
-    rec.reads = 1
-
-
-def _give_back(cc, messages):
-    with cc.lock:
-        for m in messages:
-            try:
-                cc.conn.nack(m)
-            except (NotHeld, StaleAck):
-                pass
 
 
 def _name_of(value):
@@ -268,14 +167,14 @@ async def commit_stream(request):
     upto = _number(request, "upto", None, lo=0, integer=True)
     if upto is None:
         raise ApiError(400, "InvalidRequest", "upto (the last seq to commit) is required")
-    s = await leases.stream(name, stream_id)
-    keys = [k for k in s.records if k[0] <= upto]
-    messages = [m for k in keys for m in s.records[k].messages]
-    acked = await api.run(_ack_all, s.cc, messages)
-    for k in keys:
-        s.records.pop(k, None)
-    s.committed = max(s.committed, upto)
-    return web.json_response({"acked": acked, "committed": s.committed})
+    q = await api.queue(name)
+    acked, committed = await api.run(leases.book.commit, q, stream_id, upto)
+    return web.json_response({"acked": acked, "committed": committed})
+
+
+async def list_streams(request):
+    leases = request.app[BATCH_LEASES]
+    return web.json_response({"streams": leases.book.streams_of(_name(request))})
 
 
 def _rows_header(data):
@@ -367,10 +266,12 @@ BATCH_LEASES = web.AppKey("batch_leases", BatchLeases)   # app[BATCH_LEASES]: th
 def add_routes(app, api):
     """The stream processors' routes (one call in make_app)."""
     app[BATCH_LEASES] = leases = BatchLeases(api)
-    app.on_shutdown.append(leases.close)
+    app.on_startup.append(leases.start)
+    app.on_shutdown.append(leases.stop)
     r = app.router
     r.add_post("/v1/queues/{name}/streams/{stream}/batches/{seq}/{part}", read_batch)
     r.add_post("/v1/queues/{name}/streams/{stream}/commit", commit_stream)
+    r.add_get("/v1/queues/{name}/streams", list_streams)
     r.add_post("/v1/queues/{name}/rows", put_rows)
 
 
@@ -422,6 +323,17 @@ OPENAPI_PATHS = {
             "schema": {"type": "object", "properties": {
                 "acked": {"type": "integer"}, "committed": {"type": "integer"}}}}}},
             "400": _err(), "500": _err()}}},
+    "/v1/queues/{name}/streams": {"get": {
+        "summary": "the queue's streams as leased now: last seq committed, parts and "
+                   "messages leased (service/streams.py)",
+        "parameters": [_QUEUE],
+        "responses": {"200": {"description": "ok", "content": {"application/json": {
+            "schema": {"type": "object", "properties": {"streams": {
+                "type": "object", "additionalProperties": {
+                    "type": "object", "properties": {
+                        "committed": {"type": "integer"}, "parts": {"type": "integer"},
+                        "messages": {"type": "integer"}}}}}}}}},
+            "400": _err()}}},
     "/v1/queues/{name}/rows": {"post": {
         "summary": "put rows, each under its own dedup id; a row put before within "
                    "dedup_window seconds is skipped (counted as a duplicate)",

@@ -119,6 +119,10 @@ class Client:
         return self.json("POST", f"/v1/queues/{_q(queue)}/streams/{_q(stream)}/commit?"
                          f"upto={int(upto)}")
 
+    def streams(self, queue):
+        """{stream: {"committed", "parts", "messages"}} leased from queue now."""
+        return self.json("GET", f"/v1/queues/{_q(queue)}/streams")["streams"]
+
     def put_rows(self, queue, bodies, dedup_ids, priorities, attributes, encoding,
                  dedup_window):
         head = {"dedup_ids": dedup_ids, "priorities": priorities, "attributes": attributes}
