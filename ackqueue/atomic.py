@@ -85,10 +85,10 @@ class transaction:
             return False
         remote = [isinstance(b, RemoteBlock) for b in self.blocks]
         if any(remote):
-            if not all(remote):
+            if not all(remote) or self.writes:
                 self._rollback("its queues live in different places")
                 raise ValueError("one commit spans queues of one database or of one queue "
-                                 "service, not both")
+                                 "service, not both; write() needs the queues' database")
             commit_together(self.blocks, [h for hs in self.keep.values() for h in hs])
             return False
         keep = [(self._by_name[name]._state, holdings)
