@@ -80,7 +80,7 @@ class Handler:
                                    f"sqs:{action} on resource: {queue}")
         return client, key_id, region
 
-    async def __call__(self, request):
+    async def handle(self, request):
         try:
             return await self._handle(request)
         except SqsError as exc:
@@ -120,5 +120,5 @@ def add_routes(app, api, auth=None):
     front = SqsFront(api)
     app[SQS_FRONT] = front
     app.on_cleanup.insert(0, front.close)
-    app.router.add_post("/", Handler(front, auth))
+    app.router.add_post("/", Handler(front, auth).handle)     # a coroutine function, as aiohttp wants
     return front
