@@ -80,6 +80,7 @@ from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 from ZODB.POSException import ConflictError
 
+from .expiry import ExpiryIndex, build as build_expiry_index
 from .segments import KeySet, MessageIndex, Msg, SegmentedIndex
 
 from .errors import DuplicateMessage, Refused, StaleAck, UnsupportedFormat
@@ -96,7 +97,7 @@ __all__ = [
 ]
 
 ROOT_KEY = "ackqueue"
-FORMAT = 3          # the version of the layout this code writes (see "The format contract")
+FORMAT = 4          # the version of the layout this code writes (see "The format contract")
 # The format of a catalog that records none.  Catalog has recorded its format since the
 # first commit of ackqueue, so only a catalog made by other means lacks it; it is read
 # as format 1, the only layout it could have.
@@ -122,7 +123,19 @@ def _format_2_to_3(root):
     refuses files whose split bodies it would read as None."""
 
 
-MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3}
+def _format_3_to_4(root):
+    """Format 4 keeps each queue's expiry index (QueueRecord.expiry, ackqueue.expiry),
+    written with every put and delete, so that counts leave out expired messages
+    exactly.  It is built here, once, from the messages.  The version is bumped so that
+    an ackqueue that knows only format 3 (and would put and ack without updating the
+    index) refuses the file."""
+    catalog = root.get(ROOT_KEY)
+    for rec in (catalog.queues.values() if catalog is not None else ()):
+        if getattr(rec, "expiry", None) is None:
+            rec.expiry = build_expiry_index(rec)
+
+
+MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3, 3: _format_3_to_4}
 
 FIFO, LIFO, VALUE = "fifo", "lifo", "value"
 KINDS = (FIFO, LIFO, VALUE)
@@ -298,6 +311,8 @@ class QueueRecord(Persistent):
 
     put_tokens = None   # OOBTree token -> (seq, until): puts through a server (see Put.token)
 
+    expiry = None       # ExpiryIndex (format 4; made by the migration for older records)
+
     def __init__(self, name, kind):
         if kind not in KINDS:
             raise ValueError(f"unknown queue kind {kind!r}")
@@ -310,6 +325,7 @@ class QueueRecord(Persistent):
         self.delayed = LOBTree()
         self.next_seq = SeqCounter()
         self.counts = Counters()
+        self.expiry = ExpiryIndex()
 
     def body_of(self, seq, msg):
         """The pickled item of message seq (msg: its Msg)."""
@@ -327,6 +343,8 @@ class QueueRecord(Persistent):
         if any(value is not None for value in fields.values()):
             msg = Msg(*msg)._replace(**fields)
         self.messages[seq] = msg
+        if self.expiry is not None and fields.get("expires_at") is not None:
+            self.expiry.add_many([(seq, fields["expires_at"])])
 
     def add_puts(self, puts):
         """Store the messages of Put operations (add_message for each, in one pass)."""
@@ -334,6 +352,8 @@ class QueueRecord(Persistent):
             (op.seq, (self._inline(op.seq, op.body), op.priority, op.sent_at, 0, None, None,
                       None, op.expires_at, op.attributes))
             for op in puts)
+        if self.expiry is not None:
+            self.expiry.add_many((op.seq, op.expires_at) for op in puts)
 
     def _inline(self, seq, body):
         """What a message record keeps of body: itself, or None when it is large enough for
@@ -386,17 +406,28 @@ class QueueRecord(Persistent):
         self.dedup_ids[dedup_id] = seq
 
     def delete_message(self, seq):
+        if self.expiry is not None:
+            self._unexpire([seq])
         del self.messages[seq]
         if self.bodies is not None and seq in self.bodies:
             del self.bodies[seq]
 
     def delete_messages(self, seqs):
         """delete_message() each of seqs (present ones), in one pass over the index."""
+        if self.expiry is not None:
+            self._unexpire(seqs)
         self.messages.discard_many(seqs)
         if self.bodies is not None:
             for seq in seqs:
                 if seq in self.bodies:
                     del self.bodies[seq]
+
+    def _unexpire(self, seqs):
+        """Take messages about to be deleted out of the expiry index."""
+        get = self.messages.get
+        self.expiry.discard_many(
+            (seq, msg.expires_at) for seq, msg in ((seq, get(seq)) for seq in seqs)
+            if msg is not None)
 
     def key_of(self, seq):
         """The store key of a message (its ready-set position)."""

@@ -1,0 +1,159 @@
+"""The expiry index of a queue: its messages in retention order, kept in the store.
+
+Why: qsize(), counts() and empty() must leave out messages whose retention has passed,
+exactly, at the moment they are called, without reading every message (a sweep) and
+without keeping anything per message in memory.  The index lives in the store, beside
+the messages (QueueRecord.expiry), and is written in the same commit as the change it
+follows: a message enters it when it is stored (a put, a move in from another queue) and
+leaves it when it is deleted (ack, expiry, purge, a move out).  So the messages that are
+due at time t are found in O(log n + due), in deadline order.
+
+Layout: an LOBTree from slot (expires_at rounded up to the second) to a KeySet of the
+sequence numbers that expire in that second.  A put or an ack of neighbouring messages
+writes one KeySegment of their slot (neighbouring sequence numbers share segments, as in
+the ready set), whose conflict resolution merges concurrent changes to different
+messages; the slot tree changes once per second of puts (a new slot) and when a slot
+empties.  Exactness: everything in slots below the current second is due; the entries
+of the current second are compared with their message's expires_at.
+
+Persistent classes here are named in every file by their module path: they never move.
+"""
+import math
+from collections import defaultdict
+
+from BTrees.LOBTree import LOBTree
+from persistent import Persistent
+
+from .segments import KeySet
+
+__all__ = ["ExpiryIndex", "slot_of", "due", "Due", "build"]
+
+
+def slot_of(expires_at):
+    """The slot of a deadline: the whole second at or after it."""
+    return math.ceil(expires_at)
+
+
+class ExpiryIndex(Persistent):
+    """slot -> KeySet of seqs expiring in that second (see the module docstring)."""
+
+    def __init__(self):
+        self.slots = LOBTree()
+
+    def add_many(self, pairs):
+        """Index each (seq, expires_at); a None deadline is not indexed (never expires)."""
+        for slot, seqs in _by_slot(pairs).items():
+            keys = self.slots.get(slot)
+            if keys is None:
+                keys = self.slots[slot] = KeySet()
+            keys.add_many(seqs)
+
+    def discard_many(self, pairs):
+        """Forget each (seq, expires_at) that is indexed.  A segment emptied here is
+        unlinked at once, and a slot without segments leaves the tree, so that the index
+        holds no more than the messages stored (the common case is an ack of the oldest
+        messages, which empties slots and segments in order)."""
+        for slot, seqs in _by_slot(pairs).items():
+            keys = self.slots.get(slot)
+            if keys is None:
+                continue
+            keys.discard_many(seqs)
+            segments = keys.segments
+            for number in {seq >> keys.bits for seq in seqs}:
+                segment = segments.get(number)
+                if segment is not None and not segment.data:
+                    keys._unlink(number, segment)
+            if not segments:
+                del self.slots[slot]
+
+    def entries(self, until):
+        """(slot, seq) of every entry whose slot is at most until, in slot order."""
+        for slot, keys in self.slots.items(max=until):
+            for seq in keys.key_list():
+                yield slot, seq
+
+    def first_slot_after(self, slot):
+        """The first slot above slot, or None."""
+        try:
+            return self.slots.minKey(slot + 1)
+        except ValueError:
+            return None
+
+    def __len__(self):
+        """Every entry (for tests and checks, not for hot paths)."""
+        return sum(len(keys) for keys in self.slots.values())
+
+
+def _by_slot(pairs):
+    groups = defaultdict(list)
+    for seq, expires_at in pairs:
+        if expires_at is not None:
+            groups[slot_of(expires_at)].append(seq)
+    return groups
+
+
+class Due:
+    """What the index says is past its retention at a time, as the store sees it.
+
+    ready, delayed: seqs of expired messages waiting in the ready set or the delayed
+    index (these are what the counts leave out); held: how many expired messages are
+    in flight (they stay counted in flight, and expire when given back); next_at: no
+    message that is not listed here expires before this time (a lower bound; None: no
+    other message has a deadline)."""
+
+    __slots__ = ("ready", "delayed", "held", "next_at", "keys")
+
+    def __init__(self):
+        self.ready, self.delayed, self.held, self.next_at = [], [], 0, None
+        self.keys = {}                # seq -> store key, of the ready and delayed ones
+
+    @property
+    def waiting(self):
+        return self.ready + self.delayed
+
+
+def due(rec, now):
+    """The Due of queue record rec at time now, read through its expiry index in
+    O(log n + due): every slot up to now, and the exact deadline of each entry in the
+    slot of the current second.  None if rec has no index (a record made before the
+    index existed and not migrated: the caller falls back to a sweep)."""
+    index = getattr(rec, "expiry", None)
+    if index is None:
+        return None
+    result, until = Due(), slot_of(now)
+    ready, delayed, inflight, kind = rec.ready, rec.delayed, rec.inflight, rec.kind
+    from .store import store_key      # (store imports this module)
+    for slot, seq in index.entries(until):
+        msg = rec.messages.get(seq)
+        if msg is None:
+            continue                  # deleted without the index (a damaged file's repair)
+        if msg.expires_at is None or msg.expires_at > now:
+            result.next_at = _earlier(result.next_at, msg.expires_at)
+            continue
+        key = store_key(kind, msg.priority, seq)
+        if msg.holder is not None or seq in inflight:
+            result.held += 1
+        elif key in ready:
+            result.ready.append(seq)
+            result.keys[seq] = key
+        elif seq in delayed:
+            result.delayed.append(seq)
+            result.keys[seq] = key
+    later = index.first_slot_after(until)
+    if later is not None:
+        result.next_at = _earlier(result.next_at, later - 1)
+    return result
+
+
+def _earlier(a, b):
+    if b is None:
+        return a
+    return b if a is None or b < a else a
+
+
+def build(rec):
+    """A new ExpiryIndex of every message of rec (a record written before the index: the
+    format 3 to 4 migration, once, in the transaction that opens the file)."""
+    index = ExpiryIndex()
+    index.add_many((seq, getattr(msg, "expires_at", None)) for seq, msg in rec.messages.items())
+    return index
