@@ -19,7 +19,6 @@ of the current second are compared with their message's expires_at.
 Persistent classes here are named in every file by their module path: they never move.
 """
 import math
-from collections import defaultdict
 
 from BTrees.LOBTree import LOBTree
 from persistent import Persistent
@@ -85,11 +84,22 @@ class ExpiryIndex(Persistent):
 
 
 def _by_slot(pairs):
-    groups = defaultdict(list)
+    """{slot: [seq]} of (seq, expires_at) pairs.  Messages of one put_many (or of an ack of
+    neighbours) mostly share their deadline, so a slot is computed once per run of equal
+    deadlines: this runs in every commit."""
+    groups = {}
+    last, seqs = _UNSET, None
     for seq, expires_at in pairs:
-        if expires_at is not None:
-            groups[slot_of(expires_at)].append(seq)
+        if expires_at != last:
+            last = expires_at
+            seqs = None if expires_at is None else groups.setdefault(
+                math.ceil(expires_at), [])
+        if seqs is not None:
+            seqs.append(seq)
     return groups
+
+
+_UNSET = object()
 
 
 class Due:

@@ -154,6 +154,7 @@ PUT_TOKEN_WINDOW = 600.0            # seconds a put's token recognises a retried
 SEQ_BLOCK = 1024            # sequence numbers reserved in the store at a time (see Put)
 SEQ_BITS = 48
 SEQ_MASK = (1 << SEQ_BITS) - 1
+_EXPIRES_AT = Msg._fields.index("expires_at")
 _PICKLE_PROTOCOL = 4        # of the bytes states (Counters here, Segment in segments.py)
 
 
@@ -423,11 +424,15 @@ class QueueRecord(Persistent):
                     del self.bodies[seq]
 
     def _unexpire(self, seqs):
-        """Take messages about to be deleted out of the expiry index."""
-        get = self.messages.get
-        self.expiry.discard_many(
-            (seq, msg.expires_at) for seq, msg in ((seq, get(seq)) for seq in seqs)
-            if msg is not None)
+        """Take messages about to be deleted out of the expiry index (reading each one's
+        stored tuple as it is: this runs with every ack)."""
+        get, missing = SegmentedIndex.get, ()
+        pairs = []
+        for seq in seqs:
+            stored = get(self.messages, seq, missing)
+            if len(stored) > _EXPIRES_AT:
+                pairs.append((seq, stored[_EXPIRES_AT]))
+        self.expiry.discard_many(pairs)
 
     def key_of(self, seq):
         """The store key of a message (its ready-set position)."""

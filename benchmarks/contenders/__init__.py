@@ -14,6 +14,7 @@ Everything else (the command line's --contender ids, the tables, the chart) foll
 from benchmarks.contenders import (ackqueue, lean, litequeue, persist_queue, service,
                                    stdlib, zeo)
 from benchmarks.contenders import ackqueue_remote
+from benchmarks.contenders import ackqueue_noexpiry
 from benchmarks.contenders.base import Adapter, Contender, SharedContender  # noqa: F401
 
 
@@ -29,6 +30,8 @@ def _contenders():
         ackqueue.OS,              # measured once AckQueue has durability= (issue 5)
         zeo.CONTENDER,
         ackqueue_remote.CONTENDER,
+        ackqueue_noexpiry.FSYNC,  # the expiry index's cost (issue 25.4), side by side
+        ackqueue_noexpiry.OS,
     ]
 
 
