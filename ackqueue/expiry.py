@@ -18,6 +18,7 @@ of the current second are compared with their message's expires_at.
 
 Persistent classes here are named in every file by their module path: they never move.
 """
+import itertools
 import math
 
 from BTrees.LOBTree import LOBTree
@@ -45,6 +46,11 @@ class ExpiryIndex(Persistent):
             keys = self.slots.get(slot)
             if keys is None:
                 keys = self.slots[slot] = KeySet()
+            elif keys._p_jar is not None:
+                # A concurrent commit that empties this slot unlinks it (and writes it):
+                # this commit must then conflict and retry, or its entries would be added
+                # to a set nothing refers to any more.
+                keys._p_jar.readCurrent(keys)
             keys.add_many(seqs)
 
     def discard_many(self, pairs):
@@ -63,7 +69,20 @@ class ExpiryIndex(Persistent):
                 if segment is not None and not segment.data:
                     keys._unlink(number, segment)
             if not segments:
-                del self.slots[slot]
+                self._unlink(slot, keys)
+
+    def _unlink(self, slot, keys):
+        keys._p_changed = True          # written: a concurrent add conflicts (add_many)
+        del self.slots[slot]
+
+    def compact(self, limit=100):
+        """Drop empty slots among the first limit (two commits that each removed the
+        other's last entry leave one behind); returns how many were dropped."""
+        empty = [(slot, keys) for slot, keys in itertools.islice(self.slots.items(), limit)
+                 if not keys]
+        for slot, keys in empty:
+            self._unlink(slot, keys)
+        return len(empty)
 
     def entries(self, until):
         """(slot, seq) of every entry whose slot is at most until, in slot order."""

@@ -993,6 +993,8 @@ class Compact(_Op):
         rec = _queue(root, self.name)
         for index in (rec.ready, rec.messages):
             index.compact()
+        if rec.expiry is not None:
+            rec.expiry.compact()
 
 
 def needs_compaction(rec):

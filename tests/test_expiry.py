@@ -285,3 +285,32 @@ def test_the_service_and_the_remote_drop_in_count_exactly(tmp_path):
             assert (q.qsize(), sizes(q), q.empty()) == (1, (1, 0, 0), False)
     finally:
         assert service.stop() == 0
+
+
+def test_concurrent_puts_and_acks_through_a_server_leave_the_index_exact(zeo):
+    """Two clients (each its own connection to the server, so their commits meet in the
+    server's conflict resolution) put and ack at once; afterwards the index holds exactly
+    the messages left, and the counts leave out the expired ones among them."""
+    import threading
+    clock = FakeClock()
+    name = f"race{next(_names)}"
+    a = AckQueue(path=zeo.url, name=name, clock=clock)
+    b = AckQueue(path=zeo.url, name=name, clock=clock)
+    try:
+        def work(q, tag):
+            for n in range(40):
+                q.put_many([(tag, n, k) for k in range(5)], retention=10 + n % 3)
+                for _ in range(4):
+                    q.ack(q.get_message(timeout=30))
+        threads = [threading.Thread(target=work, args=(q, tag)) for q, tag in ((a, "a"), (b, "b"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sizes(a) == (80, 0, 0)
+        assert index_size(a) == 80
+        clock.advance(13)
+        assert (a.qsize(), b.qsize(), sizes(b)) == (0, 0, (0, 0, 0))
+    finally:
+        a.close()
+        b.close()
