@@ -42,10 +42,12 @@ class ExpiryIndex(Persistent):
 
     def add_many(self, pairs):
         """Index each (seq, expires_at); a None deadline is not indexed (never expires)."""
+        slots = self.slots
         for slot, seqs in _by_slot(pairs).items():
-            keys = self.slots.get(slot)
+            keys = slots.get(slot)
             if keys is None:
-                keys = self.slots[slot] = KeySet()
+                keys = slots[slot] = KeySet()
+                self._drop_if_empty(slots.maxKey(slot - 1) if slot > slots.minKey() else None)
             elif keys._p_jar is not None:
                 # A concurrent commit that empties this slot unlinks it (and writes it):
                 # this commit must then conflict and retry, or its entries would be added
@@ -54,22 +56,32 @@ class ExpiryIndex(Persistent):
             keys.add_many(seqs)
 
     def discard_many(self, pairs):
-        """Forget each (seq, expires_at) that is indexed.  A segment emptied here is
-        unlinked at once, and a slot without segments leaves the tree, so that the index
-        holds no more than the messages stored (the common case is an ack of the oldest
-        messages, which empties slots and segments in order)."""
+        """Forget each (seq, expires_at) that is indexed.  As in the ready set, the last
+        segment of a slot and the last slot stay when emptied (the next puts land there:
+        with a near-empty queue, a put and an ack each write one segment, nothing else);
+        other emptied segments and slots are unlinked at once, and the last slot when
+        the next one is made, so the index holds no more than the messages stored."""
+        slots = self.slots
         for slot, seqs in _by_slot(pairs).items():
-            keys = self.slots.get(slot)
+            keys = slots.get(slot)
             if keys is None:
                 continue
             keys.discard_many(seqs)
             segments = keys.segments
+            last = segments.maxKey() if segments else None
             for number in {seq >> keys.bits for seq in seqs}:
                 segment = segments.get(number)
-                if segment is not None and not segment.data:
+                if number != last and segment is not None and not segment.data:
                     keys._unlink(number, segment)
-            if not segments:
-                self._unlink(slot, keys)
+            if slot != slots.maxKey():
+                self._drop_if_empty(slot)
+
+    def _drop_if_empty(self, slot):
+        if slot is None:
+            return
+        keys = self.slots[slot]
+        if not keys:
+            self._unlink(slot, keys)
 
     def _unlink(self, slot, keys):
         keys._p_changed = True          # written: a concurrent add conflicts (add_many)
