@@ -1,20 +1,42 @@
-"""The expiry index of a queue: its messages in retention order, kept in the store.
+"""The expiry index of a queue: which of its messages are past their retention, kept in
+the store.
 
 Why: qsize(), counts() and empty() must leave out messages whose retention has passed,
 exactly, at the moment they are called, without reading every message (a sweep) and
-without keeping anything per message in memory.  The index lives in the store, beside
-the messages (QueueRecord.expiry), and is written in the same commit as the change it
-follows: a message enters it when it is stored (a put, a move in from another queue) and
-leaves it when it is deleted (ack, expiry, purge, a move out).  So the messages that are
-due at time t are found in O(log n + due), in deadline order.
+without keeping anything per message in memory.
 
-Layout: an LOBTree from slot (expires_at rounded up to the second) to a KeySet of the
-sequence numbers that expire in that second.  A put or an ack of neighbouring messages
-writes one KeySegment of their slot (neighbouring sequence numbers share segments, as in
-the ready set), whose conflict resolution merges concurrent changes to different
-messages; the slot tree changes once per second of puts (a new slot) and when a slot
-empties.  Exactness: everything in slots below the current second is due; the entries
-of the current second are compared with their message's expires_at.
+Ordered messages need no entry.  Messages put with the queue's usual retention expire
+in put order: expires_at = sent_at + retention does not decrease with seq (as long as
+the retention and the clock do not go back).  The queue's Counters (written with every
+put already) keep one marker, (expires_at, seq) of the last *ordered* message.  A
+message is stored ordered when both its deadline and its seq are at least the marker's
+(then the marker moves to it); otherwise (a shorter retention, a clock stepped back, a
+message moved in with an older seq, no deadline) it gets an entry in the index below.
+So the ordered messages, in seq order, have non-decreasing deadlines, and the expired
+ones among them are a prefix of them in seq order: due() walks the message BTree from
+its smallest seq, skipping what has an index entry, and stops at the first ordered
+message whose deadline is still ahead.  Acks and deletes of ordered messages touch no
+index (there is no entry to remove): a put and an ack write nothing more than without
+expiry.  The walk costs O(messages before the first unexpired ordered one): the expired
+ones (which the sweep then takes out) and indexed ones among them.
+
+Exactness: (1) every ordered message before the walk's stop is examined one by one;
+(2) every ordered message after it has seq above the stop's and so, by the invariant,
+a deadline at least the stop's, which is after now; (3) every other message has an
+index entry, read below; a message is counted once, by the walk only if it has no
+entry.  The invariant holds under concurrency because the marker cannot be merged:
+two commits that both moved it conflict (Counters), one is retried and re-decides
+against the other's marker (through a server, two puts conflict on the sequence
+counter anyway).  Files whose index holds an entry for every message (this branch's
+first format 4) stay exact: those messages are read through the index only.
+
+The index: an LOBTree from slot (expires_at rounded up to the second) to a KeySet of
+the sequence numbers that expire in that second, written in the same commit as the
+change it follows.  A put or an ack of neighbouring indexed messages writes one
+KeySegment of their slot, whose conflict resolution merges concurrent changes to
+different messages; the slot tree changes once per second of puts (a new slot) and
+when a slot empties.  Everything in slots below the current second is due; the
+entries of the current second are compared with their message's expires_at.
 
 Persistent classes here are named in every file by their module path: they never move.
 """
@@ -26,7 +48,26 @@ from persistent import Persistent
 
 from .segments import KeySet
 
-__all__ = ["ExpiryIndex", "slot_of", "due", "Due", "build"]
+__all__ = ["ExpiryIndex", "slot_of", "due", "Due", "build", "NO_ORDER", "split_ordered"]
+
+
+NO_ORDER = (float("-inf"), 0)    # the marker before any ordered message: (expires_at, seq)
+
+
+def split_ordered(pairs, marker):
+    """(the (seq, expires_at) pairs that need an index entry, the new marker): a pair
+    whose deadline and seq are both at least the marker's is ordered (no entry) and
+    becomes the marker; a pair without a deadline never expires (no entry either)."""
+    last_at, last_seq = marker
+    indexed = []
+    for seq, expires_at in pairs:
+        if expires_at is None:
+            continue
+        if expires_at >= last_at and seq > last_seq:
+            last_at, last_seq = expires_at, seq
+        else:
+            indexed.append((seq, expires_at))
+    return indexed, (last_at, last_seq)
 
 
 def slot_of(expires_at):
@@ -102,6 +143,11 @@ class ExpiryIndex(Persistent):
             for seq in keys.key_list():
                 yield slot, seq
 
+    def has(self, seq, expires_at):
+        """Whether message seq (with this deadline) has an entry."""
+        keys = self.slots.get(slot_of(expires_at))
+        return keys is not None and seq in keys
+
     def first_slot_after(self, slot):
         """The first slot above slot, or None."""
         try:
@@ -154,16 +200,21 @@ class Due:
 
 
 def due(rec, now):
-    """The Due of queue record rec at time now, read through its expiry index in
-    O(log n + due): every slot up to now, and the exact deadline of each entry in the
-    slot of the current second.  None if rec has no index (a record made before the
-    index existed and not migrated: the caller falls back to a sweep)."""
+    """The Due of queue record rec at time now: the ordered messages walked from the
+    smallest seq, then the index's entries up to now (see the module docstring), in
+    O(log n + what is walked + due).  None if rec has no index (a record made before
+    the index existed and not migrated: the caller falls back to a sweep)."""
     index = getattr(rec, "expiry", None)
     if index is None:
         return None
     result, until = Due(), slot_of(now)
-    ready, delayed, inflight, kind = rec.ready, rec.delayed, rec.inflight, rec.kind
-    from .store import store_key      # (store imports this module)
+    for seq, msg in rec.messages.items():
+        if msg.expires_at is None or index.has(seq, msg.expires_at):
+            continue                  # never expires, or read through the index below
+        if msg.expires_at > now:
+            result.next_at = msg.expires_at   # no later ordered message is due before
+            break
+        _classify(result, rec, seq, msg)
     for slot, seq in index.entries(until):
         msg = rec.messages.get(seq)
         if msg is None:
@@ -171,19 +222,25 @@ def due(rec, now):
         if msg.expires_at is None or msg.expires_at > now:
             result.next_at = _earlier(result.next_at, msg.expires_at)
             continue
-        key = store_key(kind, msg.priority, seq)
-        if msg.holder is not None or seq in inflight:
-            result.held += 1
-        elif key in ready:
-            result.ready.append(seq)
-            result.keys[seq] = key
-        elif seq in delayed:
-            result.delayed.append(seq)
-            result.keys[seq] = key
+        _classify(result, rec, seq, msg)
     later = index.first_slot_after(until)
     if later is not None:
         result.next_at = _earlier(result.next_at, later - 1)
     return result
+
+
+def _classify(result, rec, seq, msg):
+    """Count expired message seq (its Msg msg) as held, ready or delayed in result."""
+    from .store import store_key      # (store imports this module)
+    key = store_key(rec.kind, msg.priority, seq)
+    if msg.holder is not None or seq in rec.inflight:
+        result.held += 1
+    elif key in rec.ready:
+        result.ready.append(seq)
+        result.keys[seq] = key
+    elif seq in rec.delayed:
+        result.delayed.append(seq)
+        result.keys[seq] = key
 
 
 def _earlier(a, b):
@@ -193,8 +250,12 @@ def _earlier(a, b):
 
 
 def build(rec):
-    """A new ExpiryIndex of every message of rec (a record written before the index: the
-    format 3 to 4 migration, once, in the transaction that opens the file)."""
+    """(a new ExpiryIndex of rec's messages that are out of order, the marker) for a
+    record written before the index: the format 3 to 4 migration, once, in the
+    transaction that opens the file."""
     index = ExpiryIndex()
-    index.add_many((seq, getattr(msg, "expires_at", None)) for seq, msg in rec.messages.items())
-    return index
+    indexed, marker = split_ordered(
+        ((seq, getattr(msg, "expires_at", None)) for seq, msg in rec.messages.items()),
+        NO_ORDER)
+    index.add_many(indexed)
+    return index, marker

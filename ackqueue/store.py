@@ -80,7 +80,7 @@ from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 from ZODB.POSException import ConflictError
 
-from .expiry import ExpiryIndex, build as build_expiry_index
+from .expiry import ExpiryIndex, NO_ORDER, build as build_expiry_index, split_ordered
 from .segments import KeySet, MessageIndex, Msg, SegmentedIndex
 
 from .errors import DuplicateMessage, Refused, StaleAck, UnsupportedFormat
@@ -132,7 +132,8 @@ def _format_3_to_4(root):
     catalog = root.get(ROOT_KEY)
     for rec in (catalog.queues.values() if catalog is not None else ()):
         if getattr(rec, "expiry", None) is None:
-            rec.expiry = build_expiry_index(rec)
+            rec.expiry, marker = build_expiry_index(rec)
+            rec.counts.set_order(marker)
 
 
 MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3, 3: _format_3_to_4}
@@ -199,6 +200,19 @@ class Counters(Persistent):
     def get(self, name):
         return self.values.get(name, 0)
 
+    # The expiry order marker (ackqueue.expiry): (expires_at, seq) of the last message
+    # stored without an index entry.  Kept here because Counters is written with every
+    # put already; unlike the counters it does not merge (see _p_resolveConflict).
+    ORDER = "expiry_order"
+
+    def order(self):
+        return self.values.get(self.ORDER, NO_ORDER)
+
+    def set_order(self, marker):
+        if marker != self.values.get(self.ORDER, NO_ORDER):
+            self.values[self.ORDER] = marker
+            self._p_changed = True
+
     def __getstate__(self):
         return pickle.dumps(self.values, protocol=_PICKLE_PROTOCOL)
 
@@ -207,10 +221,17 @@ class Counters(Persistent):
 
     def _p_resolveConflict(self, old, committed, new):
         old, committed, new = map(_counter_values, (old, committed, new))
+        order = [state.pop(self.ORDER, NO_ORDER) for state in (old, committed, new)]
+        if order[1] != order[0] and order[2] != order[0]:
+            # Two commits each stored ordered messages against the same marker: their
+            # seqs and deadlines may interleave, so one must be retried (expiry.py).
+            raise ConflictError("two commits moved the expiry order marker at once")
         names = set(old) | set(committed) | set(new)
-        return pickle.dumps(
-            {n: committed.get(n, 0) + new.get(n, 0) - old.get(n, 0) for n in names},
-            protocol=_PICKLE_PROTOCOL)
+        values = {n: committed.get(n, 0) + new.get(n, 0) - old.get(n, 0) for n in names}
+        marker = order[2] if order[2] != order[0] else order[1]
+        if marker != NO_ORDER:
+            values[self.ORDER] = marker
+        return pickle.dumps(values, protocol=_PICKLE_PROTOCOL)
 
 
 def _counter_values(state):
@@ -345,7 +366,7 @@ class QueueRecord(Persistent):
             msg = Msg(*msg)._replace(**fields)
         self.messages[seq] = msg
         if self.expiry is not None and fields.get("expires_at") is not None:
-            self.expiry.add_many([(seq, fields["expires_at"])])
+            self._index_expiry([(seq, fields["expires_at"])])
 
     def add_puts(self, puts):
         """Store the messages of Put operations (add_message for each, in one pass)."""
@@ -354,7 +375,16 @@ class QueueRecord(Persistent):
                       None, op.expires_at, op.attributes))
             for op in puts)
         if self.expiry is not None:
-            self.expiry.add_many((op.seq, op.expires_at) for op in puts)
+            self._index_expiry([(op.seq, op.expires_at) for op in puts])
+
+    def _index_expiry(self, pairs):
+        """Give the new messages (seq, expires_at) that are out of order an entry in the
+        expiry index; the ordered ones only move the marker (ackqueue.expiry)."""
+        counts = self.counts
+        indexed, marker = split_ordered(pairs, counts.order())
+        counts.set_order(marker)
+        if indexed:
+            self.expiry.add_many(indexed)
 
     def _inline(self, seq, body):
         """What a message record keeps of body: itself, or None when it is large enough for

@@ -165,13 +165,16 @@ def test_dead_letters_and_redrive_keep_exact_counts(opener):
 
 
 def test_purge_and_acks_empty_the_index(opener):
+    """Messages put after others with a later deadline (a shorter retention) are out of
+    order: they have index entries, which acks and purge take out."""
     clock = FakeClock()
     q = opener(clock=clock)
-    q.put_many(range(300), retention=10)
     q.put_many(range(300), retention=20, delay=5)
+    q.put_many(range(300), retention=10)
+    assert index_size(q) == 300
     for _ in range(100):
         q.ack(q.get_message())
-    assert index_size(q) == 500
+    assert index_size(q) == 200
     assert q.purge() == 500
     assert index_size(q) == 0
     clock.advance(30)
@@ -185,6 +188,19 @@ def index_size(q):
     conn = q.db.open(transaction_manager=tm)
     try:
         return len(conn.root()[store.ROOT_KEY].queues[q.name].expiry)
+    finally:
+        tm.abort()
+        conn.close()
+
+
+def index_and_messages(q):
+    """(seqs with an expiry index entry, seqs stored), read from one fresh snapshot."""
+    tm = transaction.TransactionManager()
+    conn = q.db.open(transaction_manager=tm)
+    try:
+        rec = conn.root()[store.ROOT_KEY].queues[q.name]
+        entries = {seq for _slot, seq in rec.expiry.entries(2 ** 62)}
+        return entries, set(rec.messages.keys())
     finally:
         tm.abort()
         conn.close()
@@ -308,9 +324,114 @@ def test_concurrent_puts_and_acks_through_a_server_leave_the_index_exact(zeo):
         for t in threads:
             t.join()
         assert sizes(a) == (80, 0, 0)
-        assert index_size(a) == 80
+        entries, stored = index_and_messages(a)
+        assert entries <= stored and len(stored) == 80
         clock.advance(13)
         assert (a.qsize(), b.qsize(), sizes(b)) == (0, 0, (0, 0, 0))
     finally:
         a.close()
         b.close()
+
+
+# -- ordered messages need no index entry (the marker in Counters, ackqueue.expiry) ------
+
+def test_messages_put_in_deadline_order_have_no_index_entry(opener):
+    """Puts whose deadlines do not decrease (the usual retention, a longer one) write no
+    entry; the counts still leave out exactly the expired ones, ready, delayed or in
+    flight.  A shorter retention after them is out of order and indexed."""
+    clock = FakeClock()
+    q = opener(clock=clock)
+    q.put_many(range(5), retention=10)
+    q.put("delayed", retention=10, delay=50)
+    q.put_many(range(3), retention=20)
+    assert index_size(q) == 0
+    q.put("short", retention=5)
+    assert index_size(q) == 1
+    held = q.get_message()
+    clock.advance(6)                    # "short" expired: out of order, found by the index
+    assert (q.qsize(), sizes(q)) == (7, (7, 1, 1))
+    clock.advance(5)                    # the retention=10 prefix expired (held one stays)
+    assert (q.qsize(), sizes(q), q.empty()) == (3, (3, 1, 0), False)
+    q.ack(held)
+    clock.advance(10)
+    assert (q.qsize(), sizes(q), q.empty()) == (0, (0, 0, 0), True)
+
+
+def test_a_clock_stepped_back_puts_out_of_order_and_counts_stay_exact(opener):
+    clock = FakeClock()
+    q = opener(clock=clock)
+    q.put_many(range(3), retention=10)          # deadlines t0 + 10
+    clock.advance(-4)
+    q.put_many(range(2), retention=10)          # t0 + 6: earlier, after them
+    assert index_size(q) == 2
+    clock.advance(10)                           # t0 + 6: only the later puts expired
+    assert (q.qsize(), sizes(q)) == (3, (3, 0, 0))
+    clock.advance(4)
+    assert (q.qsize(), q.empty()) == (0, True)
+
+
+def test_an_index_with_an_entry_for_every_message_counts_each_once(tmp_path):
+    """A format-4 file written before the marker (its index holds every message, the
+    marker is absent) is read exactly: a message with an entry is counted once."""
+    clock = FakeClock()
+    path = str(tmp_path / "q.fs")
+    with AckQueue(path=path, clock=clock) as q:
+        q.put_many(range(4), retention=10)
+        q.put("kept", retention=100)
+
+    def index_everything(root):
+        rec = root[store.ROOT_KEY].queues["default"]
+        rec.expiry.add_many((seq, msg.expires_at) for seq, msg in rec.messages.items())
+        rec.counts.values.pop(store.Counters.ORDER, None)
+        rec.counts._p_changed = True
+    edit_root(path, index_everything)
+    with AckQueue(path=path, clock=clock) as q:
+        assert index_size(q) == 5
+        q.put_many(range(2), retention=50)      # ordered again: no entry
+        assert index_size(q) == 5
+        assert sizes(q) == (7, 0, 0)
+        clock.advance(11)
+        assert (q.qsize(), sizes(q)) == (3, (3, 0, 0))
+        clock.advance(40)
+        assert sizes(q) == (1, 0, 0)
+
+
+def test_a_format_3_file_indexes_only_its_out_of_order_messages(tmp_path):
+    clock = FakeClock()
+    path = str(tmp_path / "q.fs")
+    with AckQueue(path=path, clock=clock) as q:
+        q.put("long", retention=100)
+        q.put_many(range(4), retention=10)
+        q.put("longer", retention=200)
+    edit_root(path, to_format_3)
+    with AckQueue(path=path, clock=clock) as q:
+        assert index_size(q) == 4
+        q.put("ordered", retention=300)
+        q.put("out of order", retention=150)
+        assert index_size(q) == 5
+        clock.advance(11)
+        assert sizes(q) == (4, 0, 0)
+        clock.advance(140)
+        assert sizes(q) == (2, 0, 0)
+
+
+def test_two_commits_moving_the_order_marker_conflict():
+    """The marker does not merge: two commits that each stored ordered messages against
+    the same marker could interleave seqs and deadlines, so one of them is retried.
+    A commit that leaves the marker alone (an ack) merges as before."""
+    from ZODB.POSException import ConflictError
+    old = store.Counters()
+    put_a, put_b, ack = store.Counters(), store.Counters(), store.Counters()
+    put_a.add(put=1, ready=1)
+    put_a.set_order((10.0, 1))
+    put_b.add(put=1, ready=1)
+    put_b.set_order((9.0, 2))
+    ack.add(acked=1, ready=-1)
+    states = {name: c.__getstate__() for name, c in
+              (("old", old), ("a", put_a), ("b", put_b), ("ack", ack))}
+    with pytest.raises(ConflictError):
+        old._p_resolveConflict(states["old"], states["a"], states["b"])
+    merged = store.Counters()
+    merged.__setstate__(old._p_resolveConflict(states["old"], states["a"], states["ack"]))
+    assert (merged.order(), merged.get("put"), merged.get("ready"), merged.get("acked")) \
+        == ((10.0, 1), 1, 0, 1)
