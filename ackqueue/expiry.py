@@ -46,7 +46,9 @@ import math
 from BTrees.LOBTree import LOBTree
 from persistent import Persistent
 
-from .segments import KeySet
+from .segments import KeySet, Msg, SegmentedIndex
+
+_EXPIRES_AT = Msg._fields.index("expires_at")
 
 __all__ = ["ExpiryIndex", "slot_of", "due", "Due", "build", "NO_ORDER", "split_ordered"]
 
@@ -208,13 +210,18 @@ def due(rec, now):
     if index is None:
         return None
     result, until = Due(), slot_of(now)
-    for seq, msg in rec.messages.items():
-        if msg.expires_at is None or index.has(seq, msg.expires_at):
+    # The stored tuples are read as they are (a Msg is made only for an expired one), so
+    # that a damaged record at the head (too short to be a message) is passed over here.
+    messages = rec.messages
+    walk = SegmentedIndex.items(messages) if isinstance(messages, SegmentedIndex) else ()
+    for seq, stored in walk:        # (() for ackqueue 0.1's BTree: no deadlines in it)
+        expires_at = stored[_EXPIRES_AT] if len(stored) > _EXPIRES_AT else None
+        if expires_at is None or index.has(seq, expires_at):
             continue                  # never expires, or read through the index below
-        if msg.expires_at > now:
-            result.next_at = msg.expires_at   # no later ordered message is due before
+        if expires_at > now:
+            result.next_at = expires_at       # no later ordered message is due before
             break
-        _classify(result, rec, seq, msg)
+        _classify(result, rec, seq, Msg(*stored))
     for slot, seq in index.entries(until):
         msg = rec.messages.get(seq)
         if msg is None:
