@@ -108,7 +108,12 @@ class IQueueState(Interface):
         """Iterate every message of the queue, changing nothing (ackqueue.browse)."""
 
     def counts():
-        """{"ready", "in_flight", "delayed"} as the arbiter knows them."""
+        """{"ready", "in_flight", "delayed"} as the arbiter knows them, without the ready
+        and delayed messages whose retention has passed (exactly, at the call)."""
+
+    def drop_expired():
+        """Take out the waiting messages whose retention has passed, through the store's
+        expiry index, before sizes are read (qsize, counts); not under the mutex."""
 
     def unfinished():
         """Messages put and not yet acknowledged: what join() waits for (mutex held)."""
@@ -193,6 +198,18 @@ class IArbiter(Interface):
 
     def next_wake(now):
         """Seconds until the arbiter needs the reaper, or None (mutex held)."""
+
+    def expiry_read_due(now):
+        """Whether counts must read the store's expiry index before sizing (mutex held):
+        a waiting message may have expired by now (QueueState.drop_expired)."""
+
+    def expiry_read(next_at):
+        """The expiry index was read: no other waiting message expires before next_at
+        (None: none has a deadline) (mutex held)."""
+
+    def take_out_expired(seqs, keys=None):
+        """Forget the listed expired messages that wait here (keys: {seq: store key});
+        returns the seqs taken out, for whom the caller writes Expire operations."""
 
     def reap():
         """The reaper's own pass: look at what other processes left (mutex held)."""

@@ -175,6 +175,9 @@ class LocalArbiter:
         self.seq_lock = threading.Lock()
         self.recovered = 0
         self._removed = 0            # messages gone since the indexes were last compacted
+        # No waiting message expires before this (a lower bound; one float, not one per
+        # message): counts read the store's expiry index only once it has passed.
+        self.next_expiry = 0.0
 
     # -- opening -------------------------------------------------------------------------
 
@@ -284,6 +287,8 @@ class LocalArbiter:
         # getters), not once per message: a put_many of 100 made 100 wake-ups.
         ready = delayed = 0
         for seq, key, meta, visible_at in entries:
+            if meta.expires_at is not None and meta.expires_at < self.next_expiry:
+                self.next_expiry = meta.expires_at
             if (self.cached_bytes + len(meta.body) <= BODY_CACHE_BYTES
                     and len(self.meta) < BODY_CACHE_ITEMS):
                 self.meta[seq] = meta
@@ -496,20 +501,42 @@ class LocalArbiter:
     def reap(self):
         pass                          # nothing can change the queue behind our back
 
-    def take_out_expired(self, seqs):
-        """Forget the listed messages that are ready or delayed here (not in flight)."""
+    def expiry_read_due(self, now):
+        """Whether a waiting message may have expired by now (mutex held); if so, the
+        caller reads the expiry index and reports back with expiry_read."""
+        if now < self.next_expiry:
+            return False
+        self.next_expiry = float("inf")   # arrivals during the read lower it again
+        return True
+
+    def expiry_read(self, next_at):
+        """The index read says no other waiting message expires before next_at (None:
+        none has a deadline)."""
+        if next_at is not None and next_at < self.next_expiry:
+            self.next_expiry = next_at
+
+    def take_out_expired(self, seqs, keys=None):
+        """Forget the listed messages that are ready or delayed here (not in flight).
+        keys: {seq: store key}, which finds ready ones without a pass over the ready set
+        (integer order; value order and a call without keys make one pass in memory)."""
         state = self.state
         seqs = set(seqs) - set(state.inflight)
         if not seqs:
             return []
         with state.mutex:
             seqs -= set(state.inflight)
-            gone = [key for key in self.ready if self.seq_of(key) in seqs]
+            if keys is not None and isinstance(self.ready, IntOrder):
+                gone = [keys[seq] for seq in seqs if keys[seq] in self.ready]
+            else:
+                gone = [key for key in self.ready if self.seq_of(key) in seqs]
             for key in gone:
                 self.ready.discard(key)
-            delayed = [d for d in self.delayed if d[1] not in seqs]
             taken = [self.seq_of(key) for key in gone]
-            taken += [d[1] for d in self.delayed if d[1] in seqs]
+            if len(taken) < len(seqs):          # the others may be delayed
+                delayed = [d for d in self.delayed if d[1] not in seqs]
+                taken += [d[1] for d in self.delayed if d[1] in seqs]
+            else:
+                delayed = self.delayed
             if len(delayed) != len(self.delayed):
                 self.delayed = delayed
                 heapq.heapify(self.delayed)

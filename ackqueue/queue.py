@@ -579,8 +579,10 @@ class AckQueue(_stdlib_queue.Queue):
                 self._check_open()
 
     def qsize(self):
-        """The number of ready items (not counting items in flight)."""
+        """The number of ready items (not counting items in flight), without those whose
+        retention has passed."""
         self._check_open()
+        self._state.drop_expired()
         with self.mutex:
             self._state.expire_due()
             return self._state.ready_count()

@@ -35,7 +35,7 @@ import transaction
 from ZODB.POSException import ConflictError
 from zope.interface import implementer
 
-from . import store
+from . import expiry, store
 from .fresh import fresh_reads
 from .interfaces import IArbiter
 from .local import ValueOrder, loads_or_none
@@ -65,6 +65,7 @@ class SharedArbiter:
         self.committer = state.committer
         self.database = state.database
         self._claiming = set()      # seqs whose Claim this process is committing
+        self._expiring = set()      # seqs whose Expire this process is committing
         self._spread = 1            # choose among this many ready messages (grows on lost races)
         self._won_in_row = 0        # claims won since the last lost race or narrowing
         self.claims_lost = 0        # races lost to other processes (for benchmarks and tests)
@@ -107,34 +108,64 @@ class SharedArbiter:
     def has_ready(self):
         return self._pick() is not None or self._promote_due()
 
+    # The store's counters still count waiting messages whose retention has passed until
+    # an Expire is committed; the sizes subtract those found through the expiry index in
+    # the same snapshot (ackqueue.expiry), so they are exact at the time they are read.
+
+    def _sizes(self):
+        """(ready, delayed, in flight) of a fresh snapshot, without the expired (whose
+        Expire is then written, once, so that the totals and the store follow)."""
+        rec = self.record()
+        counts = rec.counts
+        now = self.state.clock()
+        due = expiry.due(rec, now)
+        ready, delayed = counts.get("ready"), counts.get("delayed")
+        if due is not None:
+            ready, delayed = ready - len(due.ready), delayed - len(due.delayed)
+            self._expire(due.waiting, now)
+        return ready, delayed, counts.get("inflight")
+
+    def _expire(self, seqs, now):
+        """Write the Expire of messages found expired, unless already being written."""
+        fresh = [seq for seq in seqs if seq not in self._expiring]
+        if not fresh:
+            return
+        self._expiring.update(fresh)
+
+        def done(error=None):
+            with self.state.mutex:
+                self._expiring.difference_update(fresh)
+        self.committer.submit([store.Expire(self.name, seq, now) for seq in fresh],
+                              on_commit=done, on_fail=done)
+
     @fresh_reads
     def ready_count(self):
-        return self.record().counts.get("ready")
+        return self._sizes()[0]
 
     @fresh_reads
     def queued(self):
-        counts = self.record().counts
-        return counts.get("ready") + counts.get("delayed")
+        ready, delayed, _ = self._sizes()
+        return ready + delayed
 
     @fresh_reads
     def unfinished(self):
-        counts = self.record().counts
-        return counts.get("ready") + counts.get("delayed") + counts.get("inflight")
+        return sum(self._sizes())
 
     def counts(self):
         state = self.state
         with state.mutex:
-            if self._promote_due():           # due delayed messages count as ready
-                end = monotonic() + WAIT_RECHECK
-                while self._returning and monotonic() < end:
-                    state.not_empty.wait(0.05)
+            # Due delayed messages count as ready; and this process's own give-backs are
+            # waited for (read your writes: a message nacked here is not in flight).
+            self._promote_due()
+            end = monotonic() + WAIT_RECHECK
+            while self._returning and monotonic() < end:
+                state.not_empty.wait(0.05)
             return self._counts_now()
 
     @fresh_reads
     def _counts_now(self):
-        counts = self.record().counts
-        return {"ready": counts.get("ready"), "in_flight": counts.get("inflight"),
-                "delayed": counts.get("delayed")}
+        ready, delayed, inflight = self._sizes()
+        return {"ready": ready, "in_flight": inflight, "delayed": delayed}
 
     def next_visible_at(self):
         return self._next_promote
@@ -454,8 +485,14 @@ class SharedArbiter:
         self.committer.submit([op]).wait()
         return len(op.moved)
 
-    def take_out_expired(self, seqs):
+    def take_out_expired(self, seqs, keys=None):
         return list(seqs)             # the store decides which are neither held nor gone
+
+    def expiry_read_due(self, now):
+        return False                  # the sizes subtract the expired themselves (_sizes)
+
+    def expiry_read(self, next_at):
+        pass
 
     # -- what others left behind (mutex held) ---------------------------------------------
 

@@ -31,7 +31,7 @@ from time import monotonic
 import transaction
 from zope.interface import implementer
 
-from . import codec, store
+from . import codec, expiry, store
 from .errors import CodecMismatch, QueueKindMismatch, ShutDown, StaleAck
 from .fresh import read_fresh
 from .interfaces import IQueueState
@@ -187,13 +187,20 @@ def check_timeout(timeout, what="timeout"):
 
 def sweep_due(rec, now):
     """(seqs of the queue record's messages past their retention and not held through a
-    server, whether any dedup id's window has passed)."""
-    due = [seq for seq, msg in rec.messages.items()
-           if msg.expires_at is not None and msg.expires_at <= now and msg.holder is None]
+    server, {seq: store key} of those or None, whether any dedup id's window has passed).
+    Read through the record's expiry index (O(log n + due)); a record without one (never
+    migrated) is read whole."""
+    found = expiry.due(rec, now)
+    if found is not None:
+        due, keys = found.waiting, found.keys
+    else:
+        due = [seq for seq, msg in rec.messages.items()
+               if msg.expires_at is not None and msg.expires_at <= now and msg.holder is None]
+        keys = None
     dedup_due = rec.dedup is not None and any(until <= now for until in rec.dedup.values())
     dedup_due = dedup_due or (rec.put_tokens is not None and any(
         until <= now for _, until in rec.put_tokens.values()))
-    return due, dedup_due
+    return due, keys, dedup_due
 
 
 @implementer(IQueueState)
@@ -495,8 +502,48 @@ class QueueState:
             conn.close()
 
     def counts(self):
-        """The current sizes: {"ready", "in_flight", "delayed"}."""
+        """The current sizes: {"ready", "in_flight", "delayed"}, without the ready and
+        delayed messages whose retention has passed (see drop_expired).  A message in
+        flight stays counted in flight after its retention, until its delivery ends: an
+        ack removes it, a give-back expires it."""
+        self.drop_expired()
         return self.arbiter.counts()
+
+    def drop_expired(self):
+        """Take out now the ready and delayed messages whose retention has passed, found
+        through the store's expiry index (ackqueue.expiry) in O(log n + due), so that the
+        sizes read next leave them out exactly (qsize(), empty(), counts()).  Call without
+        the mutex: it reads the store, and only when the arbiter says something may be due
+        (a lone process keeps the earliest deadline it knows; processes sharing a server
+        subtract the expired in the same snapshot as their counts instead)."""
+        now = self.clock()
+        with self.mutex:
+            if not self.arbiter.expiry_read_due(now):
+                return
+        tm, conn = self.snapshot()
+
+        def read():
+            tm.begin()
+            return expiry.due(conn.root()[store.ROOT_KEY].queues[self.name], now)
+        try:
+            found = read_fresh(read, tm.abort)
+        except BaseException:
+            with self.mutex:
+                self.arbiter.expiry_read(0.0)     # read again next time
+            raise
+        finally:
+            tm.abort()
+            conn.close()
+        if found is None:
+            # No index (only a record that was never migrated can lack one): the lazy path
+            # of earlier versions, gets skip expired messages and the periodic sweep takes
+            # them out; the counts include them until then.
+            return
+        taken = self.arbiter.take_out_expired(found.waiting, found.keys)
+        with self.mutex:
+            self.arbiter.expiry_read(found.next_at)
+        if taken:
+            self.committer.submit([store.Expire(self.name, seq, now) for seq in taken])
 
     def totals(self):
         """The queue's lifetime totals, from the store, once what this process sent is in."""
@@ -798,11 +845,11 @@ class QueueState:
             tm.begin()                  # a fresh snapshot (again, after a pack cut one short)
             return sweep_due(conn.root()[store.ROOT_KEY].queues[self.name], now)
         try:
-            due, dedup_due = read_fresh(read, tm.abort)
+            due, keys, dedup_due = read_fresh(read, tm.abort)
         finally:
             tm.abort()
             conn.close()
-        expired = self.arbiter.take_out_expired(due)
+        expired = self.arbiter.take_out_expired(due, keys)
         ops = [store.Expire(self.name, seq, now) for seq in expired]
         if dedup_due:
             ops.append(store.PruneDedup(self.name, now))

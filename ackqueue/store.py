@@ -80,6 +80,7 @@ from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 from ZODB.POSException import ConflictError
 
+from .expiry import ExpiryIndex, NO_ORDER, build as build_expiry_index, split_ordered
 from .segments import KeySet, MessageIndex, Msg, SegmentedIndex
 
 from .errors import DuplicateMessage, Refused, StaleAck, UnsupportedFormat
@@ -96,7 +97,7 @@ __all__ = [
 ]
 
 ROOT_KEY = "ackqueue"
-FORMAT = 3          # the version of the layout this code writes (see "The format contract")
+FORMAT = 4          # the version of the layout this code writes (see "The format contract")
 # The format of a catalog that records none.  Catalog has recorded its format since the
 # first commit of ackqueue, so only a catalog made by other means lacks it; it is read
 # as format 1, the only layout it could have.
@@ -122,7 +123,20 @@ def _format_2_to_3(root):
     refuses files whose split bodies it would read as None."""
 
 
-MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3}
+def _format_3_to_4(root):
+    """Format 4 keeps each queue's expiry index (QueueRecord.expiry, ackqueue.expiry),
+    written with every put and delete, so that counts leave out expired messages
+    exactly.  It is built here, once, from the messages.  The version is bumped so that
+    an ackqueue that knows only format 3 (and would put and ack without updating the
+    index) refuses the file."""
+    catalog = root.get(ROOT_KEY)
+    for rec in (catalog.queues.values() if catalog is not None else ()):
+        if getattr(rec, "expiry", None) is None:
+            rec.expiry, marker = build_expiry_index(rec)
+            rec.counts.set_order(marker)
+
+
+MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3, 3: _format_3_to_4}
 
 FIFO, LIFO, VALUE = "fifo", "lifo", "value"
 KINDS = (FIFO, LIFO, VALUE)
@@ -141,6 +155,7 @@ PUT_TOKEN_WINDOW = 600.0            # seconds a put's token recognises a retried
 SEQ_BLOCK = 1024            # sequence numbers reserved in the store at a time (see Put)
 SEQ_BITS = 48
 SEQ_MASK = (1 << SEQ_BITS) - 1
+_EXPIRES_AT = Msg._fields.index("expires_at")
 _PICKLE_PROTOCOL = 4        # of the bytes states (Counters here, Segment in segments.py)
 
 
@@ -185,6 +200,19 @@ class Counters(Persistent):
     def get(self, name):
         return self.values.get(name, 0)
 
+    # The expiry order marker (ackqueue.expiry): (expires_at, seq) of the last message
+    # stored without an index entry.  Kept here because Counters is written with every
+    # put already; unlike the counters it does not merge (see _p_resolveConflict).
+    ORDER = "expiry_order"
+
+    def order(self):
+        return self.values.get(self.ORDER, NO_ORDER)
+
+    def set_order(self, marker):
+        if marker != self.values.get(self.ORDER, NO_ORDER):
+            self.values[self.ORDER] = marker
+            self._p_changed = True
+
     def __getstate__(self):
         return pickle.dumps(self.values, protocol=_PICKLE_PROTOCOL)
 
@@ -193,10 +221,17 @@ class Counters(Persistent):
 
     def _p_resolveConflict(self, old, committed, new):
         old, committed, new = map(_counter_values, (old, committed, new))
+        order = [state.pop(self.ORDER, NO_ORDER) for state in (old, committed, new)]
+        if order[1] != order[0] and order[2] != order[0]:
+            # Two commits each stored ordered messages against the same marker: their
+            # seqs and deadlines may interleave, so one must be retried (expiry.py).
+            raise ConflictError("two commits moved the expiry order marker at once")
         names = set(old) | set(committed) | set(new)
-        return pickle.dumps(
-            {n: committed.get(n, 0) + new.get(n, 0) - old.get(n, 0) for n in names},
-            protocol=_PICKLE_PROTOCOL)
+        values = {n: committed.get(n, 0) + new.get(n, 0) - old.get(n, 0) for n in names}
+        marker = order[2] if order[2] != order[0] else order[1]
+        if marker != NO_ORDER:
+            values[self.ORDER] = marker
+        return pickle.dumps(values, protocol=_PICKLE_PROTOCOL)
 
 
 def _counter_values(state):
@@ -298,6 +333,8 @@ class QueueRecord(Persistent):
 
     put_tokens = None   # OOBTree token -> (seq, until): puts through a server (see Put.token)
 
+    expiry = None       # ExpiryIndex (format 4; made by the migration for older records)
+
     def __init__(self, name, kind):
         if kind not in KINDS:
             raise ValueError(f"unknown queue kind {kind!r}")
@@ -310,6 +347,7 @@ class QueueRecord(Persistent):
         self.delayed = LOBTree()
         self.next_seq = SeqCounter()
         self.counts = Counters()
+        self.expiry = ExpiryIndex()
 
     def body_of(self, seq, msg):
         """The pickled item of message seq (msg: its Msg)."""
@@ -327,6 +365,8 @@ class QueueRecord(Persistent):
         if any(value is not None for value in fields.values()):
             msg = Msg(*msg)._replace(**fields)
         self.messages[seq] = msg
+        if self.expiry is not None and fields.get("expires_at") is not None:
+            self._index_expiry([(seq, fields["expires_at"])])
 
     def add_puts(self, puts):
         """Store the messages of Put operations (add_message for each, in one pass)."""
@@ -334,6 +374,17 @@ class QueueRecord(Persistent):
             (op.seq, (self._inline(op.seq, op.body), op.priority, op.sent_at, 0, None, None,
                       None, op.expires_at, op.attributes))
             for op in puts)
+        if self.expiry is not None:
+            self._index_expiry([(op.seq, op.expires_at) for op in puts])
+
+    def _index_expiry(self, pairs):
+        """Give the new messages (seq, expires_at) that are out of order an entry in the
+        expiry index; the ordered ones only move the marker (ackqueue.expiry)."""
+        counts = self.counts
+        indexed, marker = split_ordered(pairs, counts.order())
+        counts.set_order(marker)
+        if indexed:
+            self.expiry.add_many(indexed)
 
     def _inline(self, seq, body):
         """What a message record keeps of body: itself, or None when it is large enough for
@@ -386,17 +437,32 @@ class QueueRecord(Persistent):
         self.dedup_ids[dedup_id] = seq
 
     def delete_message(self, seq):
+        if self.expiry is not None:
+            self._unexpire([seq])
         del self.messages[seq]
         if self.bodies is not None and seq in self.bodies:
             del self.bodies[seq]
 
     def delete_messages(self, seqs):
         """delete_message() each of seqs (present ones), in one pass over the index."""
+        if self.expiry is not None:
+            self._unexpire(seqs)
         self.messages.discard_many(seqs)
         if self.bodies is not None:
             for seq in seqs:
                 if seq in self.bodies:
                     del self.bodies[seq]
+
+    def _unexpire(self, seqs):
+        """Take messages about to be deleted out of the expiry index (reading each one's
+        stored tuple as it is: this runs with every ack)."""
+        get, missing = SegmentedIndex.get, ()
+        pairs = []
+        for seq in seqs:
+            stored = get(self.messages, seq, missing)
+            if len(stored) > _EXPIRES_AT:
+                pairs.append((seq, stored[_EXPIRES_AT]))
+        self.expiry.discard_many(pairs)
 
     def key_of(self, seq):
         """The store key of a message (its ready-set position)."""
@@ -957,6 +1023,8 @@ class Compact(_Op):
         rec = _queue(root, self.name)
         for index in (rec.ready, rec.messages):
             index.compact()
+        if rec.expiry is not None:
+            rec.expiry.compact()
 
 
 def needs_compaction(rec):

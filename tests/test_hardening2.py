@@ -157,7 +157,7 @@ def test_a_format2_file_is_migrated_and_its_large_bodies_read(tmp_path):
         q.task_done()
     db = ZODB.DB(open_file_storage(path))
     with db.transaction() as conn:
-        assert conn.root()[store.ROOT_KEY].format == 3
+        assert conn.root()[store.ROOT_KEY].format == store.FORMAT     # migrated on open
     db.close()
 
 

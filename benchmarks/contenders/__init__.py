@@ -13,7 +13,7 @@ Everything else (the command line's --contender ids, the tables, the chart) foll
 """
 from benchmarks.contenders import (ackqueue, lean, litequeue, persist_queue, service,
                                    stdlib, zeo)
-from benchmarks.contenders import ackqueue_floor, ackqueue_remote
+from benchmarks.contenders import ackqueue_floor, ackqueue_noexpiry, ackqueue_remote
 from benchmarks.contenders.base import Adapter, Contender, SharedContender  # noqa: F401
 
 
@@ -31,6 +31,8 @@ def _contenders():
         ackqueue.OS,              # measured once AckQueue has durability= (issue 5)
         zeo.CONTENDER,
         ackqueue_remote.CONTENDER,
+        ackqueue_noexpiry.FSYNC,  # the expiry index's cost (issue 25.4), side by side
+        ackqueue_noexpiry.OS,
     ]
 
 
