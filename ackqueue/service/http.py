@@ -117,6 +117,17 @@ def _put_options(request):
     return opts
 
 
+_TOO_LARGE = (413, "MessageSizeExceeded", "the request body is over the limit")
+
+
+def _closing(status, code, message, **extra):
+    """An error answer that also closes the connection: the rest of a body over the limit,
+    or of a stalled one, is never read."""
+    resp = error_response(status, code, message, **extra)
+    resp.force_close()
+    return resp
+
+
 def _dead_letter_options(request, name):
     """A receive's dead-letter policy (AckQueue's max_receives= and dead_letter=)."""
     opts = {}
@@ -261,15 +272,11 @@ class Api:
                 await self._read_body(request)
             return await handler(request)
         except ApiError as exc:
-            resp = error_response(exc.status, exc.code, exc.message, **exc.extra)
             if exc.status in (408, 413):
-                resp.force_close()
-            return resp
+                return _closing(exc.status, exc.code, exc.message, **exc.extra)
+            return error_response(exc.status, exc.code, exc.message, **exc.extra)
         except web.HTTPRequestEntityTooLarge:
-            resp = error_response(413, "MessageSizeExceeded",
-                                  "the request body is over the limit")
-            resp.force_close()
-            return resp
+            return _closing(*_TOO_LARGE)
         except web.HTTPException as exc:
             if exc.status == 404:
                 return error_response(404, "NotFound", f"no route {request.path}")
@@ -296,14 +303,9 @@ class Api:
             try:
                 await self._read_body(request)
             except ApiError as exc:
-                resp = error_response(exc.status, exc.code, exc.message)
-                resp.force_close()
-                return resp
+                return _closing(exc.status, exc.code, exc.message)
             except web.HTTPRequestEntityTooLarge:
-                resp = error_response(413, "MessageSizeExceeded",
-                                      "the request body is over the limit")
-                resp.force_close()
-                return resp
+                return _closing(*_TOO_LARGE)
         return await handler(request)
 
     async def _read_body(self, request):
