@@ -415,13 +415,24 @@ class QueueConnection(ThreadBound):
         self.put_many([item], block, timeout, opts=opts, dedup_ids=[dedup_id])
 
     def put_many(self, items, block=True, timeout=None, *, opts=DEFAULT_PUT,
-                 dedup_ids=None, encoded=False):
+                 dedup_ids=None, encoded=False, then=None):
         """Put items in one commit; returns their MessageIds (None for ids a server gives
         only when a transaction block commits).
 
         encoded=True: each item is already the bytes to store (e.g. pickle.dumps(x) sent
         by a remote client); it is stored as given, never pickled nor unpickled here, and
-        a get returns what unpickling those bytes gives (or, with raw=True, the bytes)."""
+        a get returns what unpickling those bytes gives (or, with raw=True, the bytes).
+
+        then (the non-blocking seam, for an event loop): never wait, neither for room
+        (queue.Full at once, as put_nowait) nor for the commit; return the MessageIds at
+        once and call then(error) from the committer's thread once the put is durable
+        (error None: the messages are visible by then) or has failed (the exception,
+        e.g. DuplicateMessage).  Not inside a transaction block."""
+        if then is not None:
+            if self._transaction_block() is not None:
+                raise AckQueueError("put_many(then=...) cannot be part of a transaction "
+                                    "block: it commits on its own")
+            block, timeout = False, None
         timeout = check_wait(block, timeout)
         if encoded:
             pairs = [(body, body) for body in map(_encoded_body, items)]
@@ -442,10 +453,13 @@ class QueueConnection(ThreadBound):
                                            "put_many(); nothing was put")
                 seen.add(dedup_id)
         if not pairs:
+            if then is not None:
+                then(None)
             return []
-        return self._put_bodies(pairs, block, timeout, opts, dedup_ids)
+        return self._put_bodies(pairs, block, timeout, opts, dedup_ids, then)
 
-    def _put_bodies(self, pairs, block, timeout, opts=DEFAULT_PUT, dedup_ids=None):
+    def _put_bodies(self, pairs, block, timeout, opts=DEFAULT_PUT, dedup_ids=None,
+                    then=None):
         state = self._state
         if state.kind == store.VALUE:
             pairs = [(codec.decode(body, self._front.allowed_classes), body)
@@ -463,14 +477,24 @@ class QueueConnection(ThreadBound):
             txn.put_ops.extend(ops)
             txn.put_entries.extend(entries)
             return [None if op.seq is None else MessageId(op.seq) for op in ops]
+        def committed():
+            state.puts_committed(entries)
+            if then is not None:
+                then(None)
+
+        def failed(error):
+            state.unreserve(len(entries))
+            if then is not None:
+                then(error)
+
         try:
-            ticket = state.committer.submit(
-                ops, on_commit=lambda: state.puts_committed(entries),
-                on_fail=lambda error: state.unreserve(len(entries)), lead=True)
+            ticket = state.committer.submit(ops, on_commit=committed, on_fail=failed,
+                                            lead=then is None)
         except BaseException:
             state.unreserve(len(entries))
             raise
-        ticket.wait()
+        if then is None:
+            ticket.wait()
         return [MessageId(op.seq) for op in ops]
 
     # -- get ------------------------------------------------------------------------------
@@ -647,10 +671,30 @@ class QueueConnection(ThreadBound):
         """Acknowledge: the message leaves the queue for good (durable when this returns)."""
         self.ack_holding(self._require(x))
 
-    def ack_many_holdings(self, holdings):
-        """Acknowledge many deliveries in one commit: all, or (StaleAck) none."""
+    def ack_many_holdings(self, holdings, then=None):
+        """Acknowledge many deliveries in one commit: all, or (StaleAck) none.
+
+        then (the non-blocking seam): return at once and call then(error) from the
+        committer's thread once the ack is durable (error None) or has failed; a delivery
+        that is not current raises StaleAck here.  The deliveries leave this connection's
+        view at once (as deferred acks do); after a failure other than StaleAck they stay
+        in flight, and their Messages can be acknowledged again."""
         self._state.acknowledging = True
         txn = self._transaction_block()
+        if then is not None:
+            if txn is not None:
+                raise AckQueueError("ack_many(then=...) cannot be part of a transaction "
+                                    "block: it commits on its own")
+            if self._front.acks == "deferred":
+                deferred.of(self._state).ack(holdings)
+                _forget(holdings)
+                then(None)
+                return
+            try:
+                self._state.ack_many(holdings, then=then)
+            finally:
+                _forget(holdings)
+            return
         if txn is not None:
             with self._state.mutex:
                 for h in holdings:

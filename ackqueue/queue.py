@@ -340,7 +340,7 @@ class AckQueue(_stdlib_queue.Queue):
 
     def put_many(self, items, block=True, timeout=None, *, priority=store.DEFAULT_PRIORITY,
                  delay=0, retention=None, dedup_ids=None, attributes=None, encoded=False,
-                 dedup_window=None):
+                 dedup_window=None, then=None):
         """Put every item of items in one commit (all or nothing) and return their
         MessageIds.  Options as put(), for every item; dedup_ids: None or one dedup id (or
         None) per item; dedup_window: seconds their dedup ids are remembered (None: the
@@ -351,7 +351,15 @@ class AckQueue(_stdlib_queue.Queue):
         encoded=True: every item is already its stored form, bytes (what pickle.dumps
         gives, or any bytes a remote client sent): stored as given, without pickling; a
         get unpickles it as usual, get_messages(raw=True) returns the bytes.  Not for a
-        priority queue ordered by item value (ValueError)."""
+        priority queue ordered by item value (ValueError).
+
+        then (the non-blocking seam: an event loop puts without a thread per put): never
+        wait, neither for room (queue.Full at once) nor for the commit: return the
+        MessageIds at once and call then(error) once the put is durable (error None; the
+        messages are visible by then) or has failed (the exception, e.g.
+        DuplicateMessage).  then runs in the committer's thread, so keep it quick and
+        never call the queue from it (an asyncio loop bridges it with
+        loop.call_soon_threadsafe).  Not inside a transaction block."""
         items = list(items)
         if isinstance(dedup_ids, (str, bytes)):
             raise TypeError("dedup_ids must be a list with one dedup id (or None) per item")
@@ -363,7 +371,7 @@ class AckQueue(_stdlib_queue.Queue):
         return self._conn().put_many(
             items, block, timeout, opts=self._put_options(priority, delay, retention,
                                                           attributes, dedup_window),
-            dedup_ids=dedup_ids, encoded=encoded)
+            dedup_ids=dedup_ids, encoded=encoded, **({} if then is None else {"then": then}))
 
     def _put_options(self, priority, delay, retention, attributes, dedup_window=None):
         return PutOptions(_priority(priority), _seconds(delay, "delay"),
@@ -486,9 +494,14 @@ class AckQueue(_stdlib_queue.Queue):
         delivery was given back meanwhile (its message may be held by someone else)."""
         self._conn().ack_holding(self._find(item))
 
-    def ack_many(self, items):
+    def ack_many(self, items, then=None):
         """Acknowledge many received items in one commit: all of them, or (NotHeld,
-        StaleAck) none."""
+        StaleAck) none.
+
+        then (the non-blocking seam, as put_many's): return at once and call then(error)
+        from the committer's thread once the ack is durable (error None) or has failed.
+        What is not held, or no longer the live delivery, raises at once (NotHeld,
+        StaleAck) and nothing is submitted."""
         holdings, seen = [], set()
         for item in items:
             h = self._find(item)
@@ -496,7 +509,12 @@ class AckQueue(_stdlib_queue.Queue):
                 seen.add(h.token)
                 holdings.append(h)
         if holdings:
-            self._conn().ack_many_holdings(holdings)
+            if then is None:
+                self._conn().ack_many_holdings(holdings)
+            else:
+                self._conn().ack_many_holdings(holdings, then=then)
+        elif then is not None:
+            then(None)
 
     def change_visibility(self, item, seconds):
         """Give a received item a new visibility deadline, seconds from now; with seconds

@@ -727,7 +727,11 @@ class RemoteConnection(ThreadBound):
         self.put_many([item], block, timeout, opts=opts, dedup_ids=[dedup_id])
 
     def put_many(self, items, block=True, timeout=None, *, opts=None, dedup_ids=None,
-                 encoded=False):
+                 encoded=False, then=None):
+        if then is not None:
+            raise _unsupported("put_many(then=...), the non-blocking seam,",
+                               "it serves an event loop inside the process that holds "
+                               "the storage; call put_many() from a thread instead")
         timeout = check_wait(block, timeout)
         if self._front.is_shutdown:
             raise ShutDown
@@ -993,7 +997,11 @@ class RemoteConnection(ThreadBound):
         finally:
             h.holder._forget(h)
 
-    def ack_many_holdings(self, holdings):
+    def ack_many_holdings(self, holdings, then=None):
+        if then is not None:
+            raise _unsupported("ack_many(then=...), the non-blocking seam,",
+                               "it serves an event loop inside the process that holds "
+                               "the storage; call ack_many() from a thread instead")
         self._state.acknowledging = True
         if self._block is not None:
             for h in holdings:

@@ -658,34 +658,52 @@ class QueueState:
         """Acknowledge one holding durably (the caller waits)."""
         self.ack_many([holding])
 
-    def ack_many(self, holdings):
+    def ack_many(self, holdings, then=None):
         """Acknowledge holdings in one commit, all or none; returns once it is durable.
         Through a server the store may refuse the ack (StaleAck: the delivery is no longer
         the live one); a retried commit refused because its own first attempt got
-        through counts as done."""
+        through counts as done.
+
+        then (the non-blocking seam): return at once instead, and call then(error) from
+        the committer's thread once the ack is durable (error None) or has failed (the
+        exception, e.g. StaleAck).  A delivery that is not current raises StaleAck here,
+        before anything is submitted."""
         self.begin_settle(holdings)
         ticket = None
 
+        def own_first_attempt(error):
+            return (isinstance(error, StaleAck) and ticket.uncertain
+                    and error.reason == "acked")
+
         def failed(error):
             if isinstance(error, StaleAck):
-                if ticket.uncertain and error.reason == "acked":
+                if own_first_attempt(error):
                     self.settled(holdings)    # our own first attempt got through
                 else:
                     self._drop(holdings, str(error))
             else:
                 self.cancel_settle(holdings)
+            if then is not None:
+                then(None if own_first_attempt(error) else error)
+
+        def committed():
+            self.settled(holdings)
+            if then is not None:
+                then(None)
 
         try:
             ticket = self.committer.submit([self.arbiter.ack_op(h) for h in holdings],
-                                           on_commit=lambda: self.settled(holdings),
-                                           on_fail=failed, lead=True)
+                                           on_commit=committed, on_fail=failed,
+                                           lead=then is None)
         except BaseException:
             self.cancel_settle(holdings)
             raise
+        if then is not None:
+            return
         try:
             ticket.wait()
         except StaleAck as exc:
-            if not (ticket.uncertain and exc.reason == "acked"):
+            if not own_first_attempt(exc):
                 raise
 
     def _drop(self, holdings, why):

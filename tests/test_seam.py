@@ -263,3 +263,145 @@ def test_through_a_server_a_due_delayed_message_is_got_without_waiting(server):
         clock.now += 10
         assert q.get_nowait() == "later"
         q.task_done()
+
+
+# -- the non-blocking put and ack (then=): an event loop changes a queue without a thread --
+
+class Outcomes:
+    """then= callbacks that record (error, thread) and let a test wait for them."""
+
+    def __init__(self):
+        self.got = []
+        self.done = threading.Event()
+
+    def __call__(self, error):
+        self.got.append((error, threading.current_thread()))
+        self.done.set()
+
+    def wait(self):
+        assert self.done.wait(WAIT), "then was never called"
+        return self.got
+
+
+def test_a_put_with_then_returns_at_once_and_is_visible_when_then_runs(where):
+    with AckQueue(path=where) as q:
+        seen_at_then = []
+
+        def then(error):
+            seen_at_then.append((error, q.counts()["ready"]))
+            outcomes(error)
+        outcomes = Outcomes()
+        ids = q.put_many([b"\x80\x05K\x01."], encoded=True, then=then)   # pickle of 1
+        assert [int(i) for i in ids] == [int(ids[0])]
+        outcomes.wait()
+        [(error, thread)] = outcomes.got
+        assert error is None
+        assert thread is not threading.current_thread(), "then runs in the committer"
+        assert seen_at_then == [(None, 1)], "visible by the time then runs"
+        assert q.get_nowait() == 1
+
+
+def test_a_put_with_then_is_durable_when_then_runs(tmp_path):
+    path = str(tmp_path / "q.fs")
+    q = AckQueue(path=path)
+    outcomes = Outcomes()
+    q.put_many(["x", "y"], then=outcomes)
+    assert outcomes.wait()[0][0] is None
+    q.close()
+    with AckQueue(path=path) as again:
+        assert [again.get_nowait(), again.get_nowait()] == ["x", "y"]
+
+
+def test_a_put_with_then_reports_a_duplicate_through_then(where):
+    with AckQueue(path=where) as q:
+        q.put("first", dedup_id="d")
+        outcomes = Outcomes()
+        q.put_many(["again"], dedup_ids=["d"], then=outcomes)
+        [(error, _)] = outcomes.wait()
+        assert type(error).__name__ == "DuplicateMessage"
+        assert int(error.original_id) == int(q.peek().id)
+        assert q.qsize() == 1
+
+
+def test_a_put_with_then_never_waits_for_room(where):
+    import queue as stdlib_queue
+    with AckQueue(path=where, maxsize=1) as q:
+        q.put("a")
+        with pytest.raises(stdlib_queue.Full):
+            q.put_many(["b"], then=Outcomes())
+        assert q.qsize() == 1
+
+
+def test_then_is_refused_inside_a_transaction_block(where):
+    from ackqueue import AckQueueError
+    with AckQueue(path=where) as q:
+        q.put("a")
+        with pytest.raises(AckQueueError, match="transaction"):
+            with q.transaction():
+                q.put_many(["b"], then=Outcomes())
+        with pytest.raises(AckQueueError, match="transaction"):
+            with q.transaction():
+                item = q.get()
+                q.ack_many([item], then=Outcomes())
+        assert q.qsize() == 1, "both blocks rolled back"
+
+
+def test_an_ack_with_then_returns_at_once_and_is_durable_when_then_runs(tmp_path):
+    path = str(tmp_path / "q.fs")
+    q = AckQueue(path=path)
+    q.put_many(["a", "b"])
+    a, b = q.get_message(), q.get_message()
+    outcomes = Outcomes()
+    q.ack_many([a], then=outcomes)
+    assert outcomes.wait()[0][0] is None
+    assert q.unfinished_tasks == 1
+    with pytest.raises(Exception, match="acknowledged already"):
+        q.ack_many([a], then=Outcomes())          # StaleAck at once, nothing submitted
+    q.close()                                      # b comes back on the next open
+    with AckQueue(path=path) as again:
+        assert again.get_nowait() == "b"
+        with pytest.raises(Empty):
+            again.get_nowait()
+
+
+def test_an_ack_with_then_that_fails_to_commit_reports_it_and_keeps_the_message(tmp_path):
+    from ackqueue.errors import QueueFileGone
+    path = tmp_path / "q.fs"
+    q = AckQueue(path=str(path))
+    try:
+        q.put("a")
+        m = q.get_message()
+        path.unlink()                    # the commit will be refused (a real failure)
+        outcomes = Outcomes()
+        q.ack_many([m], then=outcomes)
+        [(error, _)] = outcomes.wait()
+        assert isinstance(error, QueueFileGone)
+        assert q.counts()["in_flight"] == 1, "not acknowledged: still in flight"
+    finally:
+        q.close()
+
+
+def test_the_service_bridge_resolves_each_outcome_on_the_loop(where):
+    from ackqueue.service.bridge import Bridge
+
+    async def main():
+        bridge = Bridge(asyncio.get_running_loop())
+        with AckQueue(path=where) as q:
+            ids = await bridge.durable(lambda then: q.put_many(["a", "b"], then=then))
+            assert len(ids) == 2 and q.qsize() == 2
+            q.put("d", dedup_id="k")
+            with pytest.raises(Exception) as caught:
+                await bridge.durable(lambda then: q.put_many(["e"], dedup_ids=["k"],
+                                                             then=then))
+            assert type(caught.value).__name__ == "DuplicateMessage"
+            # Many outcomes from another thread, before the loop runs again: each future
+            # gets its own.
+            pairs = [bridge.pending() for _ in range(50)]
+            errors = [None if k % 2 else ValueError(k) for k in range(50)]
+            t = threading.Thread(target=lambda: [then(e) for (_, then), e in
+                                                 zip(pairs, errors)])
+            t.start()
+            t.join()
+            results = await asyncio.gather(*(f for f, _ in pairs))
+            assert results == errors
+    asyncio.run(main())

@@ -239,6 +239,13 @@ class Service:
             cc.queue.ack_many(messages)
 
     @staticmethod
+    def ack_submit(cc, messages, then):
+        """ack() without waiting for the commit (the seam's then=; a pool thread calls
+        it when cc's lock is busy): StaleAck at once, else then(error) later."""
+        with cc.lock:
+            cc.queue.ack_many(messages, then=then)
+
+    @staticmethod
     def nack(cc, message, delay):
         with cc.lock:
             cc.conn.nack(message, delay)

@@ -1,12 +1,16 @@
 """The native HTTP API (/v1) on aiohttp: handlers, errors, long polls.
 
-Blocking library calls (a put or an ack waits for its durable commit) run in a thread
-pool, so that the commits of concurrent requests gather into the library's group commit;
-a request that changes a queue is answered once its commit is durable.  A long poll holds
-no thread: it tries a non-blocking get (the native receive's try on the loop's own thread
-when the client's connection is free, core.Service.receive_now; else in the pool), then
-awaits a Waker that the queue's ready listener sets (through loop.call_soon_threadsafe)
-or the time at which q.next_ready_at() says something becomes ready by itself.
+Puts and acks hold no thread while their commit is on its way: the loop submits them
+through the library's non-blocking seam (``put_many(then=)``, ``ack_many(then=)``) and
+awaits their outcome (bridge.py), so the commits of concurrent requests gather into the
+library's group commit with no thread hop on either side; a request that changes a queue
+is answered once its commit is durable.  Other blocking library calls (opening a queue,
+counts, browse, purge, a claim that waits for a commit) run in a thread pool.  A long
+poll holds no thread: it tries a non-blocking get (the native receive's try on the loop's
+own thread when the client's connection is free, core.Service.receive_now; else in the
+pool), then awaits a Waker that the queue's ready listener sets (through
+loop.call_soon_threadsafe) or the time at which q.next_ready_at() says something becomes
+ready by itself.
 """
 import asyncio
 import base64
@@ -25,6 +29,7 @@ from ackqueue.frames import FRAMES, decode_frames, encode_frames  # noqa: F401 (
 from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 
+from .bridge import Bridge
 from .core import check_client, check_name
 from .waker import Waker
 
@@ -223,6 +228,7 @@ class Api:
         self.max_batch_body = max_batch_body
         self.route_limits = {}          # path -> its body limit (Sasquatch's routes)
         self.loop = None
+        self.bridge = None              # bridge.Bridge: the committer's outcomes, awaited
         self.waiters = {}               # queue name -> set of asyncio.Event
         self.listening = set()          # queue names with a ready listener
         self.reaper = None
@@ -231,6 +237,32 @@ class Api:
 
     async def run(self, fn, *args):
         return await self.loop.run_in_executor(self.pool, fn, *args)
+
+    async def put_many(self, q, bodies, **kwargs):
+        """q.put_many(bodies, encoded=True, **kwargs) from the loop, returned once durable:
+        no thread waits for the commit (the seam's then=, bridge.py)."""
+        return await self.bridge.durable(
+            lambda then: q.put_many(bodies, encoded=True, then=then, **kwargs))
+
+    async def ack_many(self, cc, messages):
+        """Acknowledge messages held by client connection cc in one commit, returned once
+        durable: all, or (StaleAck) none.  Submitted on the loop when cc is free; when a
+        pool thread uses cc (a claim that waits for its commit), submitted from the pool
+        under cc's lock; either way no thread waits for the commit."""
+        def submit(then):
+            if not cc.lock.acquire(blocking=False):
+                return None
+            try:
+                cc.queue.ack_many(messages, then=then)
+                return True
+            finally:
+                cc.lock.release()
+        future, then = self.bridge.pending()
+        if submit(then) is None:
+            await self.run(self.service.ack_submit, cc, messages, then)
+        error = await future
+        if error is not None:
+            raise error
 
     async def queue(self, name):
         q = self.service.queues.get(name)
@@ -328,6 +360,7 @@ class Api:
 
     async def on_startup(self, app):
         self.loop = asyncio.get_running_loop()
+        self.bridge = Bridge(self.loop)
         self.reaper = asyncio.ensure_future(self._reap())
 
     async def on_shutdown(self, app):
@@ -405,8 +438,7 @@ class Api:
         body = _marked(_encoding(request), body)
         q = await self.queue(name)
         try:
-            [mid] = await self.run(lambda: q.put_many([body], encoded=True,
-                                                      dedup_ids=[dedup_id], **opts))
+            [mid] = await self.put_many(q, [body], dedup_ids=[dedup_id], **opts)
         except DuplicateMessage as exc:
             if idempotent and exc.original_id is not None:
                 return web.json_response({"id": int(exc.original_id), "duplicate": True})
@@ -437,8 +469,7 @@ class Api:
             dedup_ids = [dedup_id] + [None] * (len(bodies) - 1)
         q = await self.queue(name)
         try:
-            ids = await self.run(lambda: q.put_many(bodies, encoded=True, dedup_ids=dedup_ids,
-                                                    **opts))
+            ids = await self.put_many(q, bodies, dedup_ids=dedup_ids, **opts)
         except DuplicateMessage as exc:
             if idempotent and exc.original_id is not None:
                 # One process numbers a batch's messages consecutively (one reservation).
@@ -469,7 +500,7 @@ class Api:
             by_conn.setdefault(d.cconn, []).append((r, d.message))
         for cc, pairs in by_conn.items():
             try:
-                await self.run(self.service.ack, cc, [m for _, m in pairs])
+                await self.ack_many(cc, [m for _, m in pairs])
             except StaleAck as exc:
                 if len(pairs) == 1:
                     self.service.forget([pairs[0][0]])
