@@ -35,6 +35,8 @@ def child_main(argv):
     from benchmarks.scenarios import sqs
     from benchmarks.contenders.sqs import null_server_main
     tasks.update(qprod=sqs.child_producer, qcons=sqs.child_consumer, qnull=null_server_main)
+    from benchmarks.scenarios import service_floor
+    tasks.update(sdurablesrv=service_floor.child_server, sdurablecli=service_floor.child_client)
     task = tasks.get(argv[0])
     if task is None:
         raise SystemExit(f"unknown child task {argv[0]!r}")

@@ -8,7 +8,10 @@
    and that every message reaches a poll;
 4. the request floor of the stack: a bare asyncio.Protocol server, a bare aiohttp app and
    the service's own GET /health, each hit by the same 4 client processes with
-   sequential keep-alive http.client GETs.
+   sequential keep-alive http.client GETs;
+5. the durable request floor (service_floor.py): a bare asyncio.Protocol server that
+   answers each POST once a group commit made its body durable (append + fsync, and a
+   ZODB FileStorage commit), hit by 4 client processes, bodies of 1 and of 10 items.
 
 Every item carries the time.time() of its put, so that a consumer reports the latency
 from put to receive (same machine, same clock).  The server's CPU is psutil's user +
@@ -26,6 +29,7 @@ import traceback
 
 from benchmarks.children import Child, report
 from benchmarks.common import fmt, make_item, percentile
+from benchmarks.scenarios import service_floor
 from benchmarks.scenarios.shared import SharedRun, in_child, record_failure
 
 KEY = "service"
@@ -427,7 +431,7 @@ def run(args, shared, tmp_root):
     started = time.perf_counter()
     chosen = [sc for sc in shared if sc.id in PEERS]
     have_service = any(sc.id == "ackqueue-service" for sc in chosen)
-    parts = {"one": {}, "batch": {}, "polls": {}, "floor": {}}
+    parts = {"one": {}, "batch": {}, "polls": {}, "floor": {}, "durable": {}}
     for rep in range(args.repeat):
         tag = f"[{rep + 1}/{args.repeat}]"
         for sc in chosen:
@@ -451,6 +455,14 @@ def run(args, shared, tmp_root):
                 parts["floor"].setdefault(kind, []).append(r)
                 print(f"  {tag} floor {kind:<9} {FLOOR_CLIENTS} clients "
                       f"{c['floor_seconds']} s: {_shown(r)}", flush=True)
+            for kind in service_floor.KINDS:
+                for batch in (1, 10):
+                    r = service_floor.floor_one(kind, batch, c["floor_seconds"], tmp_root,
+                                                _cpu_of)
+                    parts["durable"].setdefault(f"{kind} batch {batch}", []).append(r)
+                    print(f"  {tag} durable floor {kind:<5} batch {batch:<2} "
+                          f"{service_floor.CLIENTS} clients {c['floor_seconds']} s: "
+                          f"{_shown(r)}", flush=True)
     return {"title": TITLE, "description": " ".join(__doc__.split()),
             "counts": c, "seconds": time.perf_counter() - started,
             "parts": {k: {label: _summary(runs) for label, runs in v.items()}

@@ -1,0 +1,181 @@
+"""(service) The durable request floor: what a bare server allows when every request must
+be durable before it is answered, with the clients of the service scenario.
+
+Issue 22's one-at-a-time and batch targets (and issue 23's (g)) ask for a rate of durable
+requests: a put, or a receive carrying the previous ack, is answered only once its commit
+is on disk.  The request floor (a bare server answering GETs) says what HTTP alone allows;
+this says what HTTP plus the durable write allows, with no queue at all:
+
+- ``fsync``: a bare asyncio.Protocol HTTP/1.1 server; every POST's body is appended to a
+  file by one writer thread, which writes and fsyncs whatever gathered meanwhile as one
+  group (group commit) and then wakes the loop once to answer the whole group;
+- ``zodb``: the same, but the group is one ZODB FileStorage commit (fsync'd, as
+  ackqueue's are) of one persistent record holding the group's bodies: the least a queue
+  on FileStorage writes to make those bytes durable.
+
+4 client processes (as 2 producers + 2 consumers) each send sequential keep-alive POSTs
+through http.client, the same library the scenario's clients use, each with the body of
+one pickled benchmark item, or of 10 in frames for the batch floor.  One message at a time
+costs two durable requests per message (its put, and the receive carrying its ack), a
+batch of 10 two per 10 messages; so the floor on items/s is rps / 2 and rps * 10 / 2.
+"""
+import asyncio
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+from benchmarks.children import Child, report
+from benchmarks.common import make_item
+from benchmarks.scenarios.shared import record_failure
+
+KINDS = ("fsync", "zodb")
+CLIENTS = 4
+LABELS = {"fsync": "bare asyncio.Protocol, group-committed append + fsync",
+          "zodb": "bare asyncio.Protocol, group-committed ZODB FileStorage commit"}
+
+
+class _Writer:
+    """The group committer of a floor server: take what gathered, make it durable, answer
+    it all with one wake-up of the loop."""
+
+    def __init__(self, kind, path, loop):
+        self.kind, self.loop = kind, loop
+        self.cond = threading.Condition()
+        self.pending = []                      # (transport, body)
+        if kind == "fsync":
+            self.file = open(path, "ab")
+        else:
+            import transaction
+            import ZODB
+            from ZODB.FileStorage import FileStorage
+            from persistent.mapping import PersistentMapping
+            self.tm = transaction.TransactionManager()
+            self.conn = ZODB.DB(FileStorage(path)).open(self.tm)
+            self.log = self.conn.root()["log"] = PersistentMapping()
+            self.tm.commit()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def submit(self, transport, body):
+        with self.cond:
+            self.pending.append((transport, body))
+            self.cond.notify()
+
+    def _run(self):
+        while True:
+            with self.cond:
+                while not self.pending:
+                    self.cond.wait()
+                group, self.pending = self.pending, []
+            bodies = [body for _, body in group]
+            if self.kind == "fsync":
+                self.file.write(b"".join(bodies))
+                self.file.flush()
+                os.fsync(self.file.fileno())
+            else:
+                self.log["group"] = bodies            # one record, written anew each time
+                self.tm.commit()
+            self.loop.call_soon_threadsafe(_answer, [t for t, _ in group])
+
+
+_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def _answer(transports):
+    for t in transports:
+        if not t.is_closing():
+            t.write(_OK)
+
+
+class _Proto(asyncio.Protocol):
+    """HTTP/1.1 keep-alive requests with a Content-Length body, each handed to the writer;
+    the answer is written when the writer's group is durable."""
+
+    def __init__(self, writer):
+        self.writer = writer
+
+    def connection_made(self, transport):
+        self.transport, self.buf = transport, b""
+
+    def data_received(self, data):
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            length = 0
+            for line in self.buf[:end].split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4:end + 4 + length]
+            self.buf = self.buf[end + 4 + length:]
+            self.writer.submit(self.transport, body)
+
+
+def child_server(kind, path):
+    """A durable floor server on a free loopback port (stopped with SIGTERM)."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        writer = _Writer(kind, path, loop)
+        srv = await loop.create_server(lambda: _Proto(writer), "127.0.0.1", 0)
+        report(event="ready", port=srv.sockets[0].getsockname()[1])
+        await asyncio.Event().wait()
+    asyncio.run(main())
+
+
+def child_client(port, batch, seconds):
+    import http.client
+    from benchmarks.contenders.service import encode_frames
+    report(event="ready", pid=os.getpid())
+    sys.stdin.readline()                                   # "go"
+    items = [pickle.dumps(make_item(n), protocol=5) for n in range(int(batch))]
+    body = items[0] if int(batch) == 1 else encode_frames(items)
+    c = http.client.HTTPConnection("127.0.0.1", int(port), timeout=30)
+    n, t0 = 0, time.perf_counter()
+    end = t0 + float(seconds)
+    while time.perf_counter() < end:
+        c.request("POST", "/v1/queues/bench/messages", body,
+                  {"Content-Type": "application/x-python-pickle", "X-Client-Id": "floor"})
+        r = c.getresponse()
+        r.read()
+        n += 1
+    report(event="done", n=n, seconds=time.perf_counter() - t0)
+
+
+def floor_one(kind, batch, seconds, tmp_root, cpu_of):
+    """{"metrics": {"rps", "items_per_s", "server_cpu"}} of one floor run."""
+    directory = tempfile.mkdtemp(prefix=f"ackbench-svc-durable-{kind}-", dir=tmp_root)
+    out, server, clients = {"kind": kind, "batch": batch}, None, []
+    try:
+        server = Child(directory, f"durable-{kind}", "sdurablesrv", kind,
+                       os.path.join(directory, "floor.data"))
+        port = server.expect("ready", 60)["port"]
+        clients = [Child(directory, f"client{k}", "sdurablecli", port, batch, seconds)
+                   for k in range(CLIENTS)]
+        for c in clients:
+            c.expect("ready", 60)
+        cpu0, t0 = cpu_of(server), time.time()
+        for c in clients:
+            c.send("go")
+        reps = [c.expect("done", float(seconds) + 60) for c in clients]
+        wall, cpu1 = time.time() - t0, cpu_of(server)
+        rps = sum(r["n"] / r["seconds"] for r in reps)
+        out["metrics"] = {"rps": rps, "items_per_s": rps * batch / 2}
+        if cpu0 is not None and cpu1 is not None:
+            out["metrics"]["server_cpu"] = (cpu1 - cpu0) / wall
+    except Exception as exc:   # noqa: BLE001
+        record_failure(out, exc)
+    finally:
+        for c in clients:
+            c.finish(10)
+        if server is not None:
+            server.proc.terminate()
+            out["exit_code"] = server.finish(10)
+        shutil.rmtree(directory, ignore_errors=True)
+    return out
