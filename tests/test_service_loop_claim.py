@@ -1,6 +1,8 @@
 """The native receive's claim on the event loop's thread (Service.receive_now): it never
 blocks the loop on a client's connection that another request holds (an ack waiting for
-its commit holds it), and says so with None, so the long poll tries in the pool."""
+its commit holds it: a pool thread that submits a client's ack when the loop found its
+connection busy, a claim with a dead-letter policy), and says so with None, so the long
+poll tries in the pool."""
 import threading
 
 import pytest
@@ -27,7 +29,9 @@ def test_receive_now_claims_what_is_ready(svc):
     got = svc.receive_now(cc, 5, None)
     assert [codec.payload(m.body) for m in got] == [b"hello"]
     assert svc.receive_now(cc, 5, None) == []          # nothing else ready: empty, not None
-    svc.ack(cc, got)
+    acked = threading.Event()
+    svc.ack_submit(cc, got, lambda error: acked.set() if error is None else None)
+    assert acked.wait(30)
     assert svc.queue("q").counts()["in_flight"] == 0
 
 
@@ -38,7 +42,7 @@ def test_receive_now_does_not_wait_for_a_busy_connection(svc):
     q.put("hello")
     held, release = threading.Event(), threading.Event()
 
-    def holder():                                       # as an ack waiting for its commit
+    def holder():                                       # as a pool thread using it
         with cc.lock:
             held.set()
             release.wait(30)

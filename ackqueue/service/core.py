@@ -233,15 +233,10 @@ class Service:
                     pass
 
     @staticmethod
-    def ack(cc, messages):
-        """Acknowledge messages held by cc in one commit: all, or (StaleAck) none."""
-        with cc.lock:
-            cc.queue.ack_many(messages)
-
-    @staticmethod
     def ack_submit(cc, messages, then):
-        """ack() without waiting for the commit (the seam's then=; a pool thread calls
-        it when cc's lock is busy): StaleAck at once, else then(error) later."""
+        """Acknowledge messages held by cc in one commit, all or (StaleAck) none, without
+        waiting for it (the seam's then=; http.Api.ack_many calls it from a pool thread
+        when cc's lock is busy): StaleAck at once, else then(error) once durable."""
         with cc.lock:
             cc.queue.ack_many(messages, then=then)
 

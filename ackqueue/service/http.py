@@ -352,6 +352,9 @@ class Api:
         if (request.content_length or 0) > limit:
             raise ApiError(413, "MessageSizeExceeded",
                            f"the request body is over the limit ({limit} bytes)")
+        if request.content.is_eof():
+            await request.read()        # all of it arrived already: it cannot stall
+            return
         try:
             await asyncio.wait_for(request.read(), self.client_timeout)
         except asyncio.TimeoutError:

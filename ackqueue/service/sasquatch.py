@@ -268,11 +268,11 @@ class Sasquatch:
     async def _put(self, name, body, opts, dedup):
         _, lim, _ = await self.queue(name)
 
-        def put():
+        def put(then):
             return lim._conn().put_many([body], False, None, opts=opts, dedup_ids=[dedup],
-                                        encoded=True)
+                                        encoded=True, then=then)
         try:
-            [mid] = await self.api.run(put)
+            [mid] = await self.api.bridge.durable(put)
         except _stdlib_queue.Full:
             raise ApiError(503, "QueueFull", f"queue {name!r} has reached its maximum of "
                                              f"{self.cfg.max_queue_length} messages") from None
@@ -426,7 +426,7 @@ class Sasquatch:
         deleted = 0
         for r, d in self._held(receipts):
             try:
-                await self.api.run(self.service.ack, d.cconn, [d.message])
+                await self.api.ack_many(d.cconn, [d.message])
                 deleted += 1
             except NotHeld:            # given back meanwhile (a StaleAck): no match
                 pass

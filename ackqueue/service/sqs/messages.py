@@ -128,11 +128,11 @@ def _fifo_fields(p, attrs, data, fifo):
 async def _put(sqs, name, s):
     q, _ = await sqs.queue(name)
 
-    def put():
+    def put(then):
         return q._conn().put_many([s.body], False, None, opts=s.opts, dedup_ids=[s.dedup],
-                                  encoded=True)
+                                  encoded=True, then=then)
     try:
-        [mid] = await sqs.run(put)
+        [mid] = await sqs.api.bridge.durable(put)
     except DuplicateMessage as exc:         # FIFO: a duplicate is accepted, not stored
         mid = exc.original_id if exc.original_id is not None else 0
     return _answer(name, s, mid)
@@ -143,8 +143,9 @@ async def _put_same(sqs, name, sends):
     so one commit; their answers in order."""
     q, _ = await sqs.queue(name)
     opts = sends[0].opts
-    ids = await sqs.run(lambda: q._conn().put_many([s.body for s in sends], False, None,
-                                                    opts=opts, encoded=True))
+    ids = await sqs.api.bridge.durable(
+        lambda then: q._conn().put_many([s.body for s in sends], False, None, opts=opts,
+                                        encoded=True, then=then))
     return [_answer(name, s, mid) for s, mid in zip(sends, ids)]
 
 

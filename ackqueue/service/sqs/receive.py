@@ -161,11 +161,11 @@ async def _delete(sqs, name, receipts):
     if not found:
         return
     try:
-        await sqs.run(sqs.service.ack, found[0][1].cconn, [d.message for _, d in found])
+        await sqs.api.ack_many(found[0][1].cconn, [d.message for _, d in found])
     except (StaleAck, NotHeld):
         for r, d in found:                 # one by one: ack what is still held
             try:
-                await sqs.run(sqs.service.ack, d.cconn, [d.message])
+                await sqs.api.ack_many(d.cconn, [d.message])
             except (StaleAck, NotHeld):
                 pass
     sqs.service.forget([r for r, _ in found])
