@@ -13,7 +13,7 @@ the front expects:
   background thread that renews the lease, gives back what ended threads held, and makes
   deferred acks durable (ack_with_next_get).
 
-HTTP: one persistent http.client connection per thread, reopened by itself.  An operation
+HTTP: one persistent connection per thread (ackqueue.wire), reopened by itself.  An operation
 waits up to wait_timeout seconds (30 by default, ``?wait_timeout=`` in the URL) for the
 service, retrying refused or cut-off requests, then raises ServerUnavailable.  Every put
 carries an Idempotency-Key, so a put retried after a cut-off request is stored once.
@@ -30,7 +30,6 @@ the embedded queue's rule (the program acknowledges on this queue, or the thread
 exception).
 """
 import base64
-import http.client
 import json
 import logging
 import os
@@ -44,7 +43,7 @@ import urllib.parse
 import uuid
 import weakref
 
-from . import access, codec, store
+from . import access, codec, store, wire
 from .frames import FRAMES, decode_frames, encode_frames
 from .connection import (ThreadBound, check_item_sizes, check_visibility, check_wait,
                          watch_thread_failure)
@@ -146,14 +145,8 @@ class _Http:
 
     def _connect(self, timeout):
         t = self.target
-        if t.https:
-            conn = http.client.HTTPSConnection(t.host, t.port, timeout=timeout,
-                                               context=t.access.ssl_context())
-        else:
-            conn = http.client.HTTPConnection(t.host, t.port, timeout=timeout)
-        conn.connect()
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.conn = conn
+        self.conn = wire.Connection(t.host, t.port, timeout,
+                                    t.access.ssl_context() if t.https else None)
 
     def request(self, method, path, body=None, headers=None, *, read_timeout=None,
                 retry=True):
@@ -168,19 +161,18 @@ class _Http:
                 if self.conn is None:
                     self._connect(min(read_timeout, t.wait_timeout))
                 self.conn.sock.settimeout(read_timeout)
-                self.conn.request(method, t.prefix + path, body=body, headers=headers or {})
-                r = self.conn.getresponse()
-                data = r.read()
-                if r.will_close:
+                status, answer, data = self.conn.request(method, t.prefix + path, body,
+                                                         headers)
+                if self.conn.will_close:
                     self.close()
-                if r.status in (502, 503, 504):
-                    why = f"HTTP {r.status}"
+                if status in (502, 503, 504):
+                    why = f"HTTP {status}"
                 else:
-                    return r.status, r.getheader("Content-Type", ""), data, attempt
+                    return status, answer.get("content-type", ""), data, attempt
             except ssl.SSLCertVerificationError as exc:
                 self.close()                # retrying cannot help: say so at once
                 raise AckQueueError(access.verify_failed(t, exc)) from None
-            except (OSError, http.client.HTTPException) as exc:
+            except OSError as exc:              # wire.WireError and timeouts too
                 self.close()
                 if self.interrupted:
                     self.interrupted = False
