@@ -1,5 +1,6 @@
 """ackqueue through its queue service: `ackqueue serve` on loopback, the native API (/v1)
-over one keep-alive http.client connection per process.
+over one keep-alive connection per process through ackqueue.wire (the remote drop-in's
+HTTP/1.1 client: one write per request, one buffer per answer).
 
 One message at a time: put is ``POST /v1/queues/bench/messages`` with the pickled item as
 the body (``Content-Type: application/x-python-pickle``: the service only checks that it
@@ -11,7 +12,6 @@ close() (and flush()) sends the receipts still pending with ``POST .../ack``.
 Batches: put_batch sends up to 1000 frames to ``POST .../batch`` (one commit);
 get_many(n) is one receive with max=n.
 """
-import http.client
 import os
 import pickle
 import re
@@ -113,20 +113,19 @@ class ServiceAdapter(Adapter):
         self.base = f"/v1/queues/{name}"
         self.client = client or f"bench-{os.getpid()}"
         self.pending = []              # receipts acknowledged, not yet sent
-        self.conn = http.client.HTTPConnection(self.host, self.port, timeout=MAX_WAIT + 30)
+        from ackqueue.wire import Connection
+        self.conn = Connection(self.host, self.port, MAX_WAIT + 30)
         self.requests = 0
 
     def _call(self, method, url, body=None, headers=None):
         h = {"X-Client-Id": self.client}
         if headers:
             h.update(headers)
-        self.conn.request(method, url, body=body, headers=h)
-        r = self.conn.getresponse()
-        data = r.read()
+        status, answer, data = self.conn.request(method, url, body, h)
         self.requests += 1
-        if r.status != 200:
-            raise RuntimeError(f"{method} {url}: {r.status} {data[:300]!r}")
-        return r, data
+        if status != 200:
+            raise RuntimeError(f"{method} {url}: {status} {data[:300]!r}")
+        return answer, data
 
     def put(self, item):
         self._call("POST", self.base + "/messages", pickle.dumps(item, protocol=5),
@@ -209,7 +208,7 @@ def start_server(directory):
 SHARED = SharedContender(
     "ackqueue-service", "ackqueue (service)", "ackqueue", "blocking",
     "one `ackqueue serve` per run on a fresh file (FileStorage, every commit fsync'd); "
-    "every process keeps one keep-alive http.client connection and uses the native API: "
+    "every process keeps one keep-alive connection (ackqueue.wire) and uses the native API: "
     "put (the pickled item as the body), receive (long poll, frames), the ack riding on "
     "the next receive", start_server, lambda location, mode: ServiceAdapter(location),
     scenarios=("service",))

@@ -79,7 +79,7 @@ def markdown_service(sc, report=None):
                      f"{fmt(_m(e, 'p50_ms'))} | {fmt(_m(e, 'p99_ms'))} | {threads} | "
                      f"{len(runs)} |")
     lines += ["", "### The request floor of the stack (no storage work)", "",
-              f"{4} client processes, each one keep-alive http.client connection sending "
+              f"{4} client processes, each one keep-alive connection (ackqueue.wire) sending "
               f"sequential GETs for {c['floor_seconds']} s.", "",
               "| server | requests/s | spread | server CPU (cores) | runs |",
               "|---|---:|---|---:|---:|"]
@@ -89,8 +89,8 @@ def markdown_service(sc, report=None):
     durable = parts.get("durable", {})
     if durable:
         lines += ["", "### The durable request floor (no queue: HTTP plus a group commit)", "",
-                  f"{4} client processes, each one keep-alive http.client connection sending "
-                  f"sequential POSTs for {c['floor_seconds']} s, each answered only once a "
+                  f"{4} client processes, each one keep-alive connection (ackqueue.wire) "
+                  f"sending sequential POSTs for {c['floor_seconds']} s, each answered only once a "
                   "group commit made its body durable (one pickled item, or 10 in frames); "
                   "items/s = requests/s × items per request ÷ 2 (a put and a receive "
                   "carrying its ack per message).", "",

@@ -8,12 +8,14 @@
    and that every message reaches a poll;
 4. the request floor of the stack: a bare asyncio.Protocol server, a bare aiohttp app and
    the service's own GET /health, each hit by the same 4 client processes with
-   sequential keep-alive http.client GETs;
+   sequential keep-alive GETs;
 5. the durable request floor (service_floor.py): a bare asyncio.Protocol server that
    answers each POST once a group commit made its body durable (append + fsync, and a
    ZODB FileStorage commit), hit by 4 client processes, bodies of 1 and of 10 items.
 
-Every item carries the time.time() of its put, so that a consumer reports the latency
+Every client process (the scenario's and the floors') talks HTTP through ackqueue.wire,
+the remote drop-in's client (one keep-alive connection each).  Every item carries the
+time.time() of its put, so that a consumer reports the latency
 from put to receive (same machine, same clock).  The server's CPU is psutil's user +
 system seconds of the server process over the wall seconds from "go" to the last
 consumer's end.
@@ -337,15 +339,16 @@ def child_floor_server(kind):
 
 
 def child_floor_client(host, port, path, seconds):
+    """Sequential keep-alive GETs through ackqueue.wire, the client the scenario's
+    processes use (the remote drop-in's)."""
+    from ackqueue.wire import Connection
     report(event="ready", pid=os.getpid())
     sys.stdin.readline()                                   # "go"
-    c = http.client.HTTPConnection(host, int(port), timeout=30)
+    c = Connection(host, int(port), 30)
     n, t0 = 0, time.perf_counter()
     end = t0 + float(seconds)
     while time.perf_counter() < end:
         c.request("GET", path)
-        r = c.getresponse()
-        r.read()
         n += 1
     report(event="done", n=n, seconds=time.perf_counter() - t0)
 
