@@ -404,4 +404,14 @@ def test_the_service_bridge_resolves_each_outcome_on_the_loop(where):
             t.join()
             results = await asyncio.gather(*(f for f, _ in pairs))
             assert results == errors
+            # Calls posted from another thread run on the loop, in order with outcomes.
+            order, (last, then) = [], bridge.pending()
+            t = threading.Thread(target=lambda: (
+                bridge.call_soon(lambda tag: order.append((tag, threading.current_thread())),
+                                 "call"),
+                then(None)))
+            t.start()
+            t.join()
+            await last
+            assert order == [("call", threading.main_thread())]
     asyncio.run(main())

@@ -30,24 +30,35 @@ class Bridge:
         future = self._loop.create_future()
 
         def then(error):
-            with self._lock:
-                self._outcomes.append((future, error))
-                if self._scheduled:
-                    return
-                self._scheduled = True
-            try:
-                self._loop.call_soon_threadsafe(self._drain)
-            except RuntimeError:      # the loop is closed: the service is stopping
-                pass
+            self._post(future, error)
         return future, then
+
+    def call_soon(self, fn, *args):
+        """Run fn(*args) on the loop soon, from any thread, in the same wake-up as the
+        outcomes around it (a ready listener's call after a put's commit, say)."""
+        self._post(None, (fn, args))
+
+    def _post(self, future, value):
+        with self._lock:
+            self._outcomes.append((future, value))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:          # the loop is closed: the service is stopping
+            pass
 
     def _drain(self):
         with self._lock:
             outcomes, self._outcomes = self._outcomes, []
             self._scheduled = False
-        for future, error in outcomes:
-            if not future.done():     # its request may have been cancelled meanwhile
-                future.set_result(error)
+        for future, value in outcomes:
+            if future is None:
+                fn, args = value
+                fn(*args)
+            elif not future.done():   # its request may have been cancelled meanwhile
+                future.set_result(value)
 
     async def durable(self, submit):
         """submit(then) on the loop's thread (it must not block: the seam's calls never

@@ -274,11 +274,9 @@ class Api:
         return q
 
     def _listener(self, name):
-        # Called from any thread with the queue's lock held: hand over to the loop.
-        try:
-            self.loop.call_soon_threadsafe(self._wake, name)
-        except RuntimeError:            # the loop is closed: the service is stopping
-            pass
+        # Called from any thread with the queue's lock held: hand over to the loop, in
+        # the same wake-up as the outcomes of the commit that made the message ready.
+        self.bridge.call_soon(self._wake, name)
 
     def _wake(self, name):
         for ev in self.waiters.get(name, ()):
