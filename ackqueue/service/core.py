@@ -207,10 +207,13 @@ class Service:
             cc.lock.release()
 
     def register(self, name, session, cc, messages):
-        """Receipt handles for delivered messages (event loop thread)."""
+        """Receipt handles for delivered messages (event loop thread): the message's id,
+        144 random bits drawn for this batch, and the message's place in it, so a
+        receipt names one delivery and cannot be guessed from another's."""
         out = []
-        for m in messages:
-            receipt = f"{int(m.id)}.{secrets.token_urlsafe(18)}"
+        secret = secrets.token_urlsafe(18)
+        for i, m in enumerate(messages):
+            receipt = f"{int(m.id)}.{secret}{i}"
             self.receipts[receipt] = Delivery(name, session, cc, m)
             session.receipts.add(receipt)
             out.append((receipt, m))

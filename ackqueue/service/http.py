@@ -197,19 +197,25 @@ def _marked(what, body, index=None):
                        f"{where}the body is not {what} as its encoding says ({exc})") from None
 
 
-def _message_json(receipt, m):
+def _message_meta(receipt, m):
     return {"id": int(m.id), "receipt": receipt, "receive_count": m.receive_count,
             "sent_at": m.sent_at, "deadline": m.deadline, "priority": m.priority,
-            "attributes": m.attributes, "encoding": codec.kind(m.body),
-            "body": base64.b64encode(codec.payload(m.body)).decode("ascii")}
+            "attributes": m.attributes, "encoding": codec.kind(m.body)}
+
+
+def _message_json(receipt, m):
+    meta = _message_meta(receipt, m)
+    meta["body"] = base64.b64encode(codec.payload(m.body)).decode("ascii")
+    return meta
+
+
+_META = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _frames_response(delivered, extra_headers=None):
     parts = []
     for receipt, m in delivered:
-        meta = _message_json(receipt, m)
-        del meta["body"]
-        parts.append(json.dumps(meta, separators=(",", ":")).encode())
+        parts.append(_META(_message_meta(receipt, m)).encode())
         parts.append(codec.payload(m.body))
     return web.Response(body=encode_frames(parts), content_type=FRAMES,
                         headers=extra_headers)

@@ -18,7 +18,7 @@ from .queueattrs import arn, is_fifo
 __all__ = ["ACTIONS"]
 
 MAX_VISIBILITY = 43200
-_RECEIPT = re.compile(r"\d+\.[A-Za-z0-9_\-]{24}\Z")
+_RECEIPT = re.compile(r"\d+\.[A-Za-z0-9_\-]{24,28}\Z")   # core.Service.register's
 
 
 
