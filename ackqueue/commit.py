@@ -52,7 +52,7 @@ from ZODB.POSException import ConflictError
 from .errors import Refused, ServerUnavailable
 from .store import apply_unit
 
-__all__ = ["Committer", "Ticket", "CommitterClosed"]
+__all__ = ["Committer", "Ticket", "CommitterClosed", "settling"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,17 @@ DISCONNECT_RETRIES = 3      # each waits up to the client storage's wait_timeout
 LEADER_GRACE = 0.5          # seconds before the thread commits a unit whose leader left
 LEAD_QUIET = 0.001          # seconds after another thread's durable submit before leading
 DEFER_DELAY = 0.002         # seconds a deferred unit waits for another commit to ride on
+
+
+_settling = threading.local()
+
+
+def settling():
+    """Whether the calling thread is running the outcome callbacks of a group commit (a
+    ticket's on_commit/on_fail, and what they call: the seam's then=, ready listeners).
+    The committer calls its group listeners once they have all run, so a bridge to an
+    event loop can hold what they post and wake the loop once per group."""
+    return getattr(_settling, "on", False)
 
 
 class CommitterClosed(RuntimeError):
@@ -137,6 +148,7 @@ class Committer:
         self.conflicts = 0        # how many commits had to be retried after a conflict
         self.refused = 0          # how many units the store refused (see Refused)
         self.conflicts_by_class = collections.Counter()   # which objects conflicted
+        self._group_listeners = []        # called after each group's outcomes (see below)
         self._thread = threading.Thread(target=self._run, name=f"{description}-committer",
                                         daemon=True)
         self._thread.start()
@@ -194,6 +206,25 @@ class Committer:
         """Whether the deferred units must be committed now (at monotonic time now)."""
         return bool(self._deferred) and now >= self._deferred_due
 
+    def add_group_listener(self, fn):
+        """Call fn() in the committing thread after each group commit's outcome callbacks
+        have all run (settling() is true while they run); keep it quick.  Adding the same
+        fn twice adds it once."""
+        with self._cond:
+            if fn not in self._group_listeners:
+                self._group_listeners = self._group_listeners + [fn]
+
+    def remove_group_listener(self, fn):
+        with self._cond:
+            self._group_listeners = [f for f in self._group_listeners if f != fn]
+
+    def _group_settled(self):
+        for fn in self._group_listeners:
+            try:
+                fn()
+            except Exception:   # a listener's bug must not stall every later commit
+                log.exception("ackqueue: a group listener failed")
+
     def busy(self):
         """Whether a commit is under way or units (deferred ones too) wait for one (a hint:
         not locked)."""
@@ -215,6 +246,7 @@ class Committer:
             self._deferred = []
         if not batch:
             return False
+        _settling.on = True
         try:
             if self._conn is None:  # closed under us: cannot happen after a clean close
                 for ticket in batch:
@@ -228,6 +260,8 @@ class Committer:
                     ticket._settle(CommitterClosed(f"the commit was interrupted: {exc!r}"))
             raise
         finally:
+            _settling.on = False
+            self._group_settled()
             durable = sum(ticket._durable for ticket in batch)
             if durable:
                 with self._cond:

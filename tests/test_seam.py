@@ -415,3 +415,44 @@ def test_the_service_bridge_resolves_each_outcome_on_the_loop(where):
             await last
             assert order == [("call", threading.main_thread())]
     asyncio.run(main())
+
+
+def test_a_group_commits_outcomes_reach_the_loop_in_one_wake_up(where):
+    """Three puts committed as one group: their then= callbacks run while
+    commit.settling() is true, the committer's group listener runs after them, and the
+    bridge wakes the loop once for all three."""
+    from ackqueue.commit import settling
+    from ackqueue.service.bridge import Bridge
+
+    class CountingBridge(Bridge):
+        drains = 0
+
+        def _drain(self):
+            CountingBridge.drains += 1
+            super()._drain()
+
+    async def main():
+        bridge = CountingBridge(asyncio.get_running_loop())
+        with AckQueue(path=where) as q:
+            committer = q._state.committer
+            bridge.attach(committer)
+            seen = []
+            committer.add_group_listener(lambda: seen.append("group"))
+            pairs = [bridge.pending() for _ in range(3)]
+            committer._baton.acquire()      # hold commits back so that the three group
+            try:
+                for k, (_, then) in enumerate(pairs):
+                    def outcome(error, then=then, k=k):
+                        seen.append((k, settling()))
+                        then(error)
+                    q.put_many([k], then=outcome)
+            finally:
+                committer._baton.release()
+                with committer._cond:
+                    committer._cond.notify()
+            assert await asyncio.gather(*(f for f, _ in pairs)) == [None] * 3
+            assert seen == [(0, True), (1, True), (2, True), "group"]
+            assert CountingBridge.drains == 1
+            assert not settling()
+            committer.remove_group_listener(bridge.group_settled)
+    asyncio.run(main())

@@ -145,6 +145,11 @@ class Service:
                 self.queues[name] = q
             return q
 
+    def committer(self):
+        """The committer of the service's storage: the event loop's bridge listens to it
+        (bridge.Bridge.attach) to learn when a group commit's outcomes have all run."""
+        return self._handle.committer
+
     def pack(self, keep_seconds=0.0):
         """Pack the storage while the queues stay in use (blocking); a
         maintenance.PackReport.  Packs of one storage run one at a time."""

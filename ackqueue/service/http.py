@@ -368,6 +368,7 @@ class Api:
     async def on_startup(self, app):
         self.loop = asyncio.get_running_loop()
         self.bridge = Bridge(self.loop)
+        self.bridge.attach(self.service.committer())
         self.reaper = asyncio.ensure_future(self._reap())
 
     async def on_shutdown(self, app):
