@@ -19,7 +19,7 @@ from BTrees.LLBTree import LLTreeSet
 from ZODB.POSException import ConflictError
 from zope.interface import implementer
 
-from . import codec, store
+from . import codec, holds, store
 from .interfaces import IArbiter
 from .state import DEAD, EXPIRED, DEFAULT_PUT, MessageMissing, Meta, verdict
 
@@ -191,13 +191,17 @@ class LocalArbiter:
                     with tm:
                         rec = store.ensure_queue(conn.root(), self.name, self.state.kind)
                         self.state.check_record(rec)
-                        self.recovered = rec.recover_inflight()
+                        # Live durable holds stay in flight (ackqueue.holds).
+                        keep = holds.recover(rec, self.state.clock())
+                        self.recovered = rec.recover_inflight(keep)
                     break
                 except ConflictError:
                     if attempt >= 10:
                         raise
             tm.begin()
-            self._load_ready(conn.root()[store.ROOT_KEY].queues[self.name])
+            rec = conn.root()[store.ROOT_KEY].queues[self.name]
+            self._load_ready(rec)
+            holds.adopt(self.state, rec, self._memory_key_from_store)
             tm.abort()
         finally:
             conn.close()
@@ -431,6 +435,11 @@ class LocalArbiter:
         return store.Ack(self.name, h.seq, h.skey, delivery=_delivery(h))
 
     def put_back(self, h, visible_at, now):
+        self.committer.submit([self.give_back_op(h, visible_at, now)])
+
+    def give_back_op(self, h, visible_at, now):
+        """put_back() in memory, returning the Release instead of submitting it (for a
+        caller that commits it with other operations: ackqueue.holds)."""
         if h.meta.expired(now):
             self.state.left()         # past its retention: the store's Release expires it
             visible_at = None
@@ -442,8 +451,8 @@ class LocalArbiter:
             self.meta[h.seq] = h.meta
             self.ready.push(h.key)
             self.state.signal_ready()
-        self.committer.submit([store.Release(self.name, h.seq, h.skey, visible_at, at=now,
-                                             delivery=_delivery(h))])
+        return store.Release(self.name, h.seq, h.skey, visible_at, at=now,
+                             delivery=_delivery(h))
 
     def deadline_op(self, h, deadline):
         return None                   # a lone process's memory is the truth for deadlines

@@ -18,6 +18,9 @@ Layout, under the database root::
                                 is then None)
         .next_seq               SeqCounter: the next sequence number (never reused)
         .counts                 Counters: ready/inflight/delayed sizes and lifetime totals
+        .holds[name]            (deadline, reads, packed ids): named durable holds, whose
+                                messages are in .inflight (ackqueue.holds; made by the
+                                first hold)
       .leases[lease id]         LeaseRecord: one per process using the storage through a server
 
 Why this shape:
@@ -335,6 +338,8 @@ class QueueRecord(Persistent):
 
     expiry = None       # ExpiryIndex (format 4; made by the migration for older records)
 
+    holds = None        # OOBTree name -> (deadline, reads, ids): ackqueue.holds, first use
+
     def __init__(self, name, kind):
         if kind not in KINDS:
             raise ValueError(f"unknown queue kind {kind!r}")
@@ -560,14 +565,15 @@ class QueueRecord(Persistent):
             self.ready, changed = ready, True
         return changed
 
-    def recover_inflight(self):
-        """Give back every message in flight (the process that held them is gone).
+    def recover_inflight(self, keep=()):
+        """Give back every message in flight (the process that held them is gone), except
+        those of keep (the messages of live durable holds: ackqueue.holds.recover).
 
         Only for a storage this process holds alone: under a shared server other processes'
         messages are in flight legitimately.  That includes what processes held under
         leases when the file was last served (their leases cannot be beaten any more).
         Returns how many were given back."""
-        seqs = list(self.inflight.keys())
+        seqs = [seq for seq in self.inflight.keys() if seq not in keep]
         for seq in seqs:
             key = self.key_of(seq)
             del self.inflight[seq]
