@@ -37,14 +37,17 @@ holds its file so), where deliveries are decided in memory; through ZEO or the q
 service it raises NotSupported.  The service's stream leases (ackqueue/service/streams.py)
 are built on it.
 
-Store layout (ackqueue.store): a held message is out of the ready set and in the
-``inflight`` index (seq -> deadline), as a claim written by a dead-letter policy is; the
-queue record's ``holds`` (an OOBTree, made by the first hold) maps a hold's name to
-``(deadline, reads, ids)``: the deadline (clock seconds), how many reads counted, and the
-ids as packed 64-bit integers in the order received.  A file written with holds opens
-with ackqueue versions that do not know them: their recovery gives the held messages back
-(a hold is lost, never a message), and what they leave in ``holds`` is ignored here
-(an id counts only while its message is still in flight).
+Store layout (ackqueue.store): the queue record's ``holds`` (an OOBTree, made by the
+first hold) maps a hold's name to ``(deadline, reads, ids)``: the deadline (clock
+seconds), how many reads counted, and the ids as packed 64-bit integers in the order
+received.  A held message stays in the store's ready set, as every delivery of a process
+that holds its storage alone does (ackqueue.local: memory decides, the store learns of a
+delivery at its ack or give-back): so taking a hold writes one small record, whatever
+its size, and an ack writes what any ack writes.  At open, the ready set is loaded into
+memory and the messages of live holds are taken out of it again, held.  A file written
+with holds opens with ackqueue versions that do not know them: they deliver the held
+messages again (a hold is lost, never a message), and what they leave in ``holds`` is
+ignored here (an id counts only while its message is still ready in the store).
 """
 import array
 import logging
@@ -142,30 +145,26 @@ def _table(rec, create=False):
 
 
 class TakeHold(_Op):
-    """Messages received in memory become held under hold: out of the ready (or delayed)
-    index, into the in-flight index with the deadline; the hold recorded with one read."""
+    """Messages received in memory become held under hold: the hold is recorded with one
+    read.  The messages stay in the store's ready set, as every delivery of a process
+    that holds its storage alone does (ackqueue.local); one the store still has delayed
+    (made ready in memory only) is made ready there, so that the hold names ready ones."""
 
     def __init__(self, name, hold, entries, deadline):
         self.name, self.hold, self.entries, self.deadline = name, hold, entries, deadline
 
     def apply(self, root):
         rec = root[store.ROOT_KEY].queues[self.name]
-        removed = rec.ready.discard_many([skey for _, skey in self.entries])
-        counts = {"ready": -len(removed), "inflight": 0, "delayed": 0}
-        held = []
+        delayed, promoted = rec.delayed, 0
         for seq, skey in self.entries:
-            if skey not in removed:
-                where = rec.unindex(seq, skey)
-                if where is None and seq not in rec.messages:
-                    continue                # gone (cannot happen while memory decides)
-                if where is not None:
-                    counts[where] -= 1
-            held.append(seq)
-        deadline = float(self.deadline)
-        rec.inflight.update({seq: deadline for seq in held})
-        counts["inflight"] += len(held)
-        rec.counts.add(**{k: v for k, v in counts.items() if v})
-        _table(rec, create=True)[self.hold] = (deadline, 1, pack_ids(held))
+            if seq in delayed:
+                del delayed[seq]
+                rec.ready.add(skey)
+                promoted += 1
+        if promoted:
+            rec.counts.add(delayed=-promoted, ready=promoted)
+        _table(rec, create=True)[self.hold] = (
+            float(self.deadline), 1, pack_ids([seq for seq, _ in self.entries]))
 
 
 class RenewHold(_Op):
@@ -182,10 +181,6 @@ class RenewHold(_Op):
             return
         _, reads, ids = entry
         table[self.hold] = (self.deadline, reads + 1, ids)
-        inflight = rec.inflight
-        for seq in unpack_ids(ids):
-            if seq in inflight:
-                inflight[seq] = self.deadline
 
 
 class DropHold(_Op):
@@ -222,11 +217,12 @@ class AckHeld(_Op):
 
     def apply(self, root):
         rec = root[store.ROOT_KEY].queues[self.name]
-        inflight, gone = rec.inflight, []
+        removed = rec.ready.discard_many([skey for _, skey, _ in self.entries])
+        gone = []
         counts = {"inflight": 0, "ready": 0, "delayed": 0, "redelivered": 0}
         for seq, skey, again in self.entries:     # again: received more than once
-            if inflight.pop(seq, None) is not None:
-                counts["inflight"] -= 1
+            if skey in removed:
+                counts["ready"] -= 1
             elif seq in rec.messages:
                 where = rec.unindex(seq, skey)
                 if where is not None:
@@ -276,32 +272,29 @@ def _also(ops):
 # -- opening: recovery and adoption (ackqueue.local.LocalArbiter.load) --------------------
 
 def recover(rec, now):
-    """Before the queue's recovery of in-flight messages (in its transaction): drop the
-    holds whose deadline passed, their messages' receive counts written so that the
-    recovery gives them back counted; return the ids of the live holds' messages, which
-    the recovery must leave in flight."""
+    """At open, in the queue's opening transaction: drop the holds whose deadline passed,
+    writing their messages' receive counts (the hold's reads), so that those messages,
+    ready in the store all along, are delivered again counted."""
     table = _table(rec)
     if not table:
-        return set()
-    keep = set()
+        return
     for hold, (deadline, reads, ids) in list(table.items()):
-        seqs = [seq for seq in unpack_ids(ids) if seq in rec.inflight]
         if deadline > now:
-            keep.update(seqs)
             continue
-        for seq in seqs:
+        for seq in unpack_ids(ids):
             msg = rec.messages.get(seq)
-            if msg is not None:
+            if msg is not None and rec.key_of(seq) in rec.ready:
                 rec.messages[seq] = msg._replace(receive_count=msg.receive_count + reads)
         del table[hold]
-    return keep
 
 
-def adopt(state, rec, memory_key):
-    """Hold again, in this process's memory, the messages of rec's live holds (after
-    recover() kept them in flight): each a delivery to its hold's holder, with the hold's
-    deadline and receive count.  memory_key(rec, seq): the arbiter's key of a message.
-    Returns how many."""
+def adopt(state, rec, memory_key, unready):
+    """At open, once the ready set is in memory: hold again the messages of rec's live
+    holds (recover() dropped the others), each a delivery to its hold's holder with the
+    hold's deadline and receive count, taken out of the ready set in memory (unready(key);
+    the store's ready set lists them, as it lists every delivery of this process).  A
+    message no longer ready in the store (acknowledged, moved) is left out.  memory_key(rec,
+    seq): the arbiter's key of a message.  Returns how many."""
     table = _table(rec)
     if not table:
         return 0
@@ -313,12 +306,16 @@ def adopt(state, rec, memory_key):
             holder.reads = reads
             for seq in unpack_ids(ids):
                 msg = rec.messages.get(seq)
-                if msg is None or seq not in rec.inflight or seq in state.inflight:
+                if msg is None or seq in state.inflight:
                     continue
+                skey = rec.key_of(seq)
+                if skey not in rec.ready:
+                    continue
+                key = memory_key(rec, seq)
+                unready(key)
                 meta = Meta.from_msg(msg, rec.body_of(seq, msg))
                 meta.receive_count += reads
-                state.hold(seq, memory_key(rec, seq), rec.key_of(seq), meta, holder,
-                           deadline)
+                state.hold(seq, key, skey, meta, holder, deadline)
                 count += 1
     return count
 

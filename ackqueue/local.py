@@ -191,9 +191,8 @@ class LocalArbiter:
                     with tm:
                         rec = store.ensure_queue(conn.root(), self.name, self.state.kind)
                         self.state.check_record(rec)
-                        # Live durable holds stay in flight (ackqueue.holds).
-                        keep = holds.recover(rec, self.state.clock())
-                        self.recovered = rec.recover_inflight(keep)
+                        holds.recover(rec, self.state.clock())   # durable holds
+                        self.recovered = rec.recover_inflight()
                     break
                 except ConflictError:
                     if attempt >= 10:
@@ -201,7 +200,7 @@ class LocalArbiter:
             tm.begin()
             rec = conn.root()[store.ROOT_KEY].queues[self.name]
             self._load_ready(rec)
-            holds.adopt(self.state, rec, self._memory_key_from_store)
+            holds.adopt(self.state, rec, self._memory_key_from_store, self.ready.discard)
             tm.abort()
         finally:
             conn.close()

@@ -18,9 +18,8 @@ Layout, under the database root::
                                 is then None)
         .next_seq               SeqCounter: the next sequence number (never reused)
         .counts                 Counters: ready/inflight/delayed sizes and lifetime totals
-        .holds[name]            (deadline, reads, packed ids): named durable holds, whose
-                                messages are in .inflight (ackqueue.holds; made by the
-                                first hold)
+        .holds[name]            (deadline, reads, packed ids): named durable holds
+                                (ackqueue.holds; made by the first hold)
       .leases[lease id]         LeaseRecord: one per process using the storage through a server
 
 Why this shape:
@@ -565,15 +564,14 @@ class QueueRecord(Persistent):
             self.ready, changed = ready, True
         return changed
 
-    def recover_inflight(self, keep=()):
-        """Give back every message in flight (the process that held them is gone), except
-        those of keep (the messages of live durable holds: ackqueue.holds.recover).
+    def recover_inflight(self):
+        """Give back every message in flight (the process that held them is gone).
 
         Only for a storage this process holds alone: under a shared server other processes'
         messages are in flight legitimately.  That includes what processes held under
         leases when the file was last served (their leases cannot be beaten any more).
         Returns how many were given back."""
-        seqs = [seq for seq in self.inflight.keys() if seq not in keep]
+        seqs = list(self.inflight.keys())
         for seq in seqs:
             key = self.key_of(seq)
             del self.inflight[seq]

@@ -147,3 +147,31 @@ def test_a_part_keeps_its_messages_in_flight_across_a_sigkill_and_gives_them_bac
     q.ack_many(back)
     q.close()
     c.close()
+
+
+def test_the_columnar_answer_holds_what_the_per_message_answer_holds(service):
+    import array
+    q = AckQueue(path=service.url, name="cols")
+    q.put_many(["héllo", "b"], attributes={"k": "v"}, priority=7)
+    q.put(b"\x00\xff")
+    q.put({"j": 1})
+    q.close()
+    c = Client(service.url)
+    first = c.read_batch("cols", "s6", 1, 0, 10, 60)
+    head, offsets, data = c.read_columns("cols", "s6", 1, 0, 10, 60)    # the replay
+    ends = array.array("q")
+    ends.frombytes(offsets)
+    payloads = [data[a:b] for a, b in zip(ends, ends[1:])]
+    assert len(first) == 4 and ends[0] == 0 and ends[-1] == len(data)
+    assert head["ids"] == [h["id"] for h, _ in first]
+    assert payloads == [p for _, p in first]
+    assert head["receive_counts"] == [h["receive_count"] + 1 for h, _ in first]
+    for key, column in (("encoding", "encodings"), ("priority", "priorities"),
+                        ("attributes", "attributes"), ("sent_at", "sent_at")):
+        assert head[column] == [h[key] for h, _ in first], key
+    # No attributes at all: a null column.
+    AckQueue(path=service.url, name="cols").put("plain")
+    assert c.read_columns("cols", "s6", 2, 0, 10, 60)[0]["attributes"] is None
+    with pytest.raises(ServiceError, match="400"):
+        c._read("cols", "s6", 3, 0, 1, 60, None, None, format="rows")
+    c.close()

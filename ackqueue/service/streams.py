@@ -5,10 +5,12 @@ A part, named by (queue, stream, seq, part), is leased by receiving its messages
 durable hold of the queue (ackqueue.holds, named ``stream/<stream>/<seq>/<part>``) and
 writing the part's record in the same commit: the messages stay in the queue, in flight
 (the queue's counts show them in flight), and the record names their ids, never a copy of
-their bodies.  A hold survives the service's crash (SIGKILL included): when the queue is
-opened again its recovery of in-flight messages leaves a live hold's messages in flight,
-so a replay after a restart returns them again: same ids, bodies, priorities,
-attributes, sent times.
+their bodies (taking a hold writes one small record, whatever the part's size, and no
+message: ackqueue.holds).  A hold survives the service's crash (SIGKILL included): when
+the queue is opened again, a live hold's messages are held again, in flight, instead of
+being delivered to anyone else, so a replay after a restart returns them again: same
+ids, bodies, priorities, attributes, sent times, and receive counts that count every
+read.
 
 - A replay counts one more receive of the part's messages and renews the lease (one
   commit: the hold's read count and deadline, and the record's).
