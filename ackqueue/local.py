@@ -6,7 +6,8 @@ mutex with nothing written: if the process dies, the message is simply ready aga
 next open.  The delivery's receive count reaches the store with its ack or give-back.
 (With a dead-letter policy a Claim is written, and the receiver waits for it, so that
 crashes count as receives.)  On open, everything the store has in flight is given back (its
-holders died with the old process) and the ready set is loaded into memory.
+holders died with the old process) and the ready set is loaded into memory, less the
+messages of live durable holds, which are held again (ackqueue.holds).
 """
 import heapq
 import itertools
