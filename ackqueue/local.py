@@ -6,7 +6,8 @@ mutex with nothing written: if the process dies, the message is simply ready aga
 next open.  The delivery's receive count reaches the store with its ack or give-back.
 (With a dead-letter policy a Claim is written, and the receiver waits for it, so that
 crashes count as receives.)  On open, everything the store has in flight is given back (its
-holders died with the old process) and the ready set is loaded into memory.
+holders died with the old process) and the ready set is loaded into memory, less the
+messages of live durable holds, which are held again (ackqueue.holds).
 """
 import heapq
 import itertools
@@ -19,7 +20,7 @@ from BTrees.LLBTree import LLTreeSet
 from ZODB.POSException import ConflictError
 from zope.interface import implementer
 
-from . import codec, store
+from . import codec, holds, store
 from .interfaces import IArbiter
 from .state import DEAD, EXPIRED, DEFAULT_PUT, MessageMissing, Meta, verdict
 
@@ -191,13 +192,16 @@ class LocalArbiter:
                     with tm:
                         rec = store.ensure_queue(conn.root(), self.name, self.state.kind)
                         self.state.check_record(rec)
+                        holds.recover(rec, self.state.clock())   # durable holds
                         self.recovered = rec.recover_inflight()
                     break
                 except ConflictError:
                     if attempt >= 10:
                         raise
             tm.begin()
-            self._load_ready(conn.root()[store.ROOT_KEY].queues[self.name])
+            rec = conn.root()[store.ROOT_KEY].queues[self.name]
+            self._load_ready(rec)
+            holds.adopt(self.state, rec, self._memory_key_from_store, self.ready.discard)
             tm.abort()
         finally:
             conn.close()
@@ -431,6 +435,11 @@ class LocalArbiter:
         return store.Ack(self.name, h.seq, h.skey, delivery=_delivery(h))
 
     def put_back(self, h, visible_at, now):
+        self.committer.submit([self.give_back_op(h, visible_at, now)])
+
+    def give_back_op(self, h, visible_at, now):
+        """put_back() in memory, returning the Release instead of submitting it (for a
+        caller that commits it with other operations: ackqueue.holds)."""
         if h.meta.expired(now):
             self.state.left()         # past its retention: the store's Release expires it
             visible_at = None
@@ -442,8 +451,8 @@ class LocalArbiter:
             self.meta[h.seq] = h.meta
             self.ready.push(h.key)
             self.state.signal_ready()
-        self.committer.submit([store.Release(self.name, h.seq, h.skey, visible_at, at=now,
-                                             delivery=_delivery(h))])
+        return store.Release(self.name, h.seq, h.skey, visible_at, at=now,
+                             delivery=_delivery(h))
 
     def deadline_op(self, h, deadline):
         return None                   # a lone process's memory is the truth for deadlines

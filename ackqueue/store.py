@@ -18,6 +18,8 @@ Layout, under the database root::
                                 is then None)
         .next_seq               SeqCounter: the next sequence number (never reused)
         .counts                 Counters: ready/inflight/delayed sizes and lifetime totals
+        .holds[name]            (deadline, reads, packed ids): named durable holds
+                                (ackqueue.holds; made by the first hold)
       .leases[lease id]         LeaseRecord: one per process using the storage through a server
 
 Why this shape:
@@ -334,6 +336,8 @@ class QueueRecord(Persistent):
     put_tokens = None   # OOBTree token -> (seq, until): puts through a server (see Put.token)
 
     expiry = None       # ExpiryIndex (format 4; made by the migration for older records)
+
+    holds = None        # OOBTree name -> (deadline, reads, ids): ackqueue.holds, first use
 
     def __init__(self, name, kind):
         if kind not in KINDS:

@@ -35,8 +35,8 @@ def test_a_part_is_read_again_the_same_until_committed(service):
     assert [p for _, p in first] == [b"m0", b"m1", b"m2", b"m3"]
     assert not set(ids(first)) & set(ids(other))
     assert [h["receive_count"] for h, _ in again] == [2] * 4      # each read counts
-    # The leased messages left the queue for the stream's record.
-    assert q.counts() == {"ready": 2, "in_flight": 0, "delayed": 0}
+    # The leased messages stay in the queue, in flight under their parts' holds.
+    assert q.counts() == {"ready": 2, "in_flight": 8, "delayed": 0}
     assert c.commit("in", "s1", 1) == {"acked": 8, "committed": 1}
     assert c.commit("in", "s1", 1) == {"acked": 0, "committed": 1}   # idempotent
     assert c.read_batch("in", "s1", 1, 0, 4, 60) == []               # committed: nothing
@@ -118,4 +118,60 @@ def test_rows_put_twice_are_stored_once(service):
     assert sorted(q.get(timeout=10) for _ in range(3)) == ["x", "y", "z"]
     with pytest.raises(ServiceError, match="400"):
         c.put_rows("out", [b"w"], [""], [100], [None], "str", 3600)
+    c.close()
+
+
+def test_a_part_keeps_its_messages_in_flight_across_a_sigkill_and_gives_them_back_in_place(
+        service):
+    q = AckQueue(path=service.url, name="in")
+    q.put_many(["a", "b", "c"])
+    q.close()
+    c = Client(service.url)
+    got = c.read_batch("in", "s5", 1, 0, 2, 600)
+    assert c.counts("in")["ready"] == 1 and c.counts("in")["in_flight"] == 2
+    service.kill()
+    service.start()
+    stats = c.counts("in")
+    assert stats["ready"] == 1 and stats["in_flight"] == 2, stats     # still held
+    again = c.read_batch("in", "s5", 1, 0, 2, 0.3)     # the replay: a lease of 0.3 s now
+    assert [(h["id"], h["receive_count"], p) for h, p in again] == [
+        (h["id"], 2, p) for h, p in got]
+    deadline = time.monotonic() + 30          # a failure bound, not a timing
+    while c.counts("in")["ready"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    q = AckQueue(path=service.url, name="in")
+    back = q.get_messages(3, timeout=30)
+    # Given back at their original place, with their ids, both reads counted.
+    assert [(int(m.id), m.body, m.receive_count) for m in back] == [
+        (h["id"], p.decode(), 3) for h, p in got] + [(got[-1][0]["id"] + 1, "c", 1)]
+    q.ack_many(back)
+    q.close()
+    c.close()
+
+
+def test_the_columnar_answer_holds_what_the_per_message_answer_holds(service):
+    import array
+    q = AckQueue(path=service.url, name="cols")
+    q.put_many(["héllo", "b"], attributes={"k": "v"}, priority=7)
+    q.put(b"\x00\xff")
+    q.put({"j": 1})
+    q.close()
+    c = Client(service.url)
+    first = c.read_batch("cols", "s6", 1, 0, 10, 60)
+    head, offsets, data = c.read_columns("cols", "s6", 1, 0, 10, 60)    # the replay
+    ends = array.array("q")
+    ends.frombytes(offsets)
+    payloads = [data[a:b] for a, b in zip(ends, ends[1:])]
+    assert len(first) == 4 and ends[0] == 0 and ends[-1] == len(data)
+    assert head["ids"] == [h["id"] for h, _ in first]
+    assert payloads == [p for _, p in first]
+    assert head["receive_counts"] == [h["receive_count"] + 1 for h, _ in first]
+    for key, column in (("encoding", "encodings"), ("priority", "priorities"),
+                        ("attributes", "attributes"), ("sent_at", "sent_at")):
+        assert head[column] == [h[key] for h, _ in first], key
+    # No attributes at all: a null column.
+    AckQueue(path=service.url, name="cols").put("plain")
+    assert c.read_columns("cols", "s6", 2, 0, 10, 60)[0]["attributes"] is None
+    with pytest.raises(ServiceError, match="400"):
+        c._read("cols", "s6", 3, 0, 1, 60, None, None, format="rows")
     c.close()

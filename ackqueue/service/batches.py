@@ -5,33 +5,42 @@ A stream processor that replays a batch after a failure must read exactly the ba
 read before, and must acknowledge only once it has finished the batch for good.  So the
 service keeps, per queue and *stream* (an id the processor keeps in its own checkpoint),
 a durable record for each batch part, keyed by the part's sequence number and index
-(ackqueue/service/streams.py: the messages leave the queue and the record naming them
-appears in one commit, so it survives the service's crash as well as the processor's):
+(ackqueue/service/streams.py): the part's messages stay in the queue, in flight, under a
+durable hold of the queue (ackqueue.holds) written in the same commit as the record that
+names their ids, so it survives the service's crash as well as the processor's:
 
 ``POST /v1/queues/{name}/streams/{stream}/batches/{seq}/{part}?max=N&visibility_timeout=S
 [&max_receives=K&dead_letter=Q]``
-    The first call takes up to N ready messages (not waiting) out of the queue into the
-    record and leases them for S seconds; every later call, before or after a restart of
-    the service, returns the same messages (ids, bodies, attributes), their lease renewed
-    for S seconds from then.  Each call counts as one receive of its messages (the
-    ``receive_count`` returned is the queue's count plus the calls after the first).  With
-    max_receives, a record read more than max_receives times is failing its processor
-    each time: one message alone is moved to the queue dead_letter (or dropped); more are
-    halved, the second half put back into the queue and the first half kept under a fresh
-    count (streams.Book.lease); so a replay is exact for the first max_receives reads.  The
-    first receive applies the queue's own rule (a message received max_receives times goes
-    to dead_letter at the get that would deliver it once more).  A record whose lease ran
-    out is deleted and its messages put back into the queue (at its tail, as new
-    messages), in one commit, by the next call on the stream or the service's sweep
-    (every second, and at start before it listens); a later read of that part takes
-    afresh.  A part of a batch already committed (seq at or below the stream's commit)
-    returns nothing.  The answer is frames (ackqueue.service.http.encode_frames): a JSON
-    header ``{"messages": [{id, receive_count, sent_at, priority, attributes, encoding},
-    ...]}`` and then each message's body.
+    The first call receives up to N ready messages (not waiting) and holds them for the
+    part for S seconds (in flight: the queue's counts show them so); every later call,
+    before or after a restart of the service, returns the same messages (ids, bodies,
+    attributes), their lease renewed for S seconds from then.  Each call counts as one
+    receive of its messages (durably: the ``receive_count`` returned counts every call).
+    With max_receives, a part read more than max_receives times is failing its
+    processor each time: one message alone is moved to the queue dead_letter (or
+    dropped); more are halved, the second half given back to the queue (at its original
+    place, with the receive counts it had before the part) and the first half kept under
+    a fresh count of reads (streams.Book.lease); so a replay is exact for the first
+    max_receives reads.  The first receive applies the queue's own rule (a message
+    received max_receives times goes to dead_letter at the get that would deliver it once
+    more).  A part whose lease ran out gives its messages back at their original place,
+    with their receive counts counted, as any delivery's visibility deadline does (the
+    queue itself at the deadline, or at its next open); its record is deleted by the
+    next call on the stream or the service's sweep (every second, and at start before it
+    listens); a later read of that part takes afresh.  A part of a batch already
+    committed (seq at or below the stream's commit) returns nothing.  The answer is
+    frames (ackqueue.service.http.encode_frames): a JSON header ``{"messages": [{id,
+    receive_count, sent_at, priority, attributes, encoding}, ...]}`` and then each
+    message's body; with ``format=columns``, a JSON header of columns ``{"ids",
+    "receive_counts", "sent_at", "priorities", "encodings": [...], "attributes": [...]
+    or null when no message has any}``, then the payloads' offsets (n + 1 little-endian
+    64-bit integers) and all the payloads in one frame: Arrow's layout of a binary
+    column, which the Spark source hands to Spark without a step per row.
 ``POST /v1/queues/{name}/streams/{stream}/commit?upto=SEQ``
-    Delete the records of every part of the stream up to seq SEQ, their messages done for
-    good (cumulative and idempotent: a repeated commit acks nothing); the answer says
-    ``{"acked": messages those records held, "committed": the stream's last seq}``.
+    Acknowledge the messages of every part of the stream up to seq SEQ and delete their
+    records, in one commit (cumulative and idempotent: a repeated commit acks nothing);
+    the answer says ``{"acked": messages acknowledged, "committed": the stream's last
+    seq}``.
 ``GET /v1/queues/{name}/streams``
     The queue's streams, as leased now: ``{"streams": {stream: {"committed": last seq
     committed (-1: none), "parts": parts leased, "messages": messages they hold}}}``.
@@ -41,9 +50,12 @@ appears in one commit, so it survives the service's crash as well as the process
     whose dedup id was put less than S seconds ago (default: one day) is skipped, not
     refused; the answer says ``{"put": n, "duplicates": k}``.
 """
+import array
 import asyncio
+import itertools
 import json
 import logging
+import sys
 import time
 
 from aiohttp import web
@@ -121,12 +133,32 @@ def _int_path(request, key):
     return value
 
 
-def _frames(messages, extra_reads):
-    head = [{"id": m.id, "receive_count": m.receive_count + extra_reads,
+def _frames(messages):
+    head = [{"id": m.id, "receive_count": m.receive_count,
              "sent_at": m.sent_at, "priority": m.priority, "attributes": m.attributes or {},
              "encoding": codec.kind(m.body)} for m in messages]
     parts = [json.dumps({"messages": head}, separators=(",", ":")).encode()]
     parts += [codec.payload(m.body) for m in messages]
+    return web.Response(body=encode_frames(parts), content_type=FRAMES)
+
+
+def _columns(messages):
+    """The columnar answer (format=columns): a JSON header of columns, then the payloads'
+    offsets (n + 1 little-endian 64-bit integers) and the payloads, one after the other:
+    Arrow's own layout of a binary column, which a client takes without a copy."""
+    payloads = [codec.payload(m.body) for m in messages]
+    offsets = array.array("q", itertools.accumulate(map(len, payloads), initial=0))
+    if sys.byteorder != "little":
+        offsets.byteswap()
+    attributes = [m.attributes or {} for m in messages]
+    head = {"ids": [m.id for m in messages],
+            "receive_counts": [m.receive_count for m in messages],
+            "sent_at": [m.sent_at for m in messages],
+            "priorities": [m.priority for m in messages],
+            "encodings": [codec.kind(m.body) for m in messages],
+            "attributes": attributes if any(attributes) else None}
+    parts = [json.dumps(head, separators=(",", ":")).encode(), offsets.tobytes(),
+             b"".join(payloads)]
     return web.Response(body=encode_frames(parts), content_type=FRAMES)
 
 
@@ -138,6 +170,10 @@ async def read_batch(request):
     n = _number(request, "max", 1, lo=1, hi=MAX_BATCH_RECEIVE, integer=True)
     vt = _number(request, "visibility_timeout", 30.0, lo=0.001, hi=43200)
     max_receives = _number(request, "max_receives", None, lo=1, hi=1000, integer=True)
+    answer = request.query.get("format", "messages")
+    if answer not in ("messages", "columns"):
+        raise ApiError(400, "ValidationError", "format must be messages or columns")
+    columns = answer == "columns"
     dead_letter = request.query.get("dead_letter")
     if dead_letter is not None:
         dead_letter = _name_of(dead_letter)
@@ -147,9 +183,9 @@ async def read_batch(request):
     dlq = None if dead_letter is None else await api.queue(dead_letter)
     # The dead-letter rule of the first read's receive, as the front's get() builds it.
     policy = q._dead_letter_policy(max_receives, dead_letter)
-    messages, extra = await api.run(leases.book.lease, q, stream_id, key, n, vt, policy,
-                                    max_receives, dlq)
-    return _frames(messages, extra)
+    messages, _ = await api.run(leases.book.lease, q, stream_id, key, n, vt, policy,
+                                max_receives, dlq)
+    return (_columns if columns else _frames)(messages)
 
 
 def _name_of(value):
@@ -308,7 +344,10 @@ OPENAPI_PATHS = {
                "seconds the part's messages stay leased from this call"),
             _p("max_receives", "query", {"type": "integer", "minimum": 1, "maximum": 1000},
                "reads of the part after which it is halved, or one message dead-lettered"),
-            _p("dead_letter", "query", {"type": "string"}, "the dead-letter queue")],
+            _p("dead_letter", "query", {"type": "string"}, "the dead-letter queue"),
+            _p("format", "query", {"type": "string", "enum": ["messages", "columns"],
+                                   "default": "messages"},
+               "the answer's layout: a header per message, or columns (Arrow's layout)")],
         "responses": {"200": {"description": "frames: a JSON header, then the bodies",
                               "content": {FRAMES: {"schema": {"type": "string",
                                                               "format": "binary"}}}},

@@ -1,65 +1,73 @@
 """Durable leases of stream processors' batch parts (the Spark source's micro-batches):
 the store record ``root["ackqueue.streams"]`` and the blocking operations on it.
 
-A part, named by (queue, stream, seq, part), is leased by taking its messages out of the
-queue and writing them into the record in one commit (ackqueue.atomic.transaction and its
-write()): the messages leave the queue and the record naming them appears together, or
-neither does.  So whatever happens to the service (SIGKILL included), a part's record
-holds exactly the messages its first read took, and a replay after a restart returns
-them again: same ids, bodies, priorities, attributes, sent times.  While leased, the
-messages are in the record, not in the queue (the queue's counts do not show them).
+A part, named by (queue, stream, seq, part), is leased by receiving its messages under a
+durable hold of the queue (ackqueue.holds, named ``stream/<stream>/<seq>/<part>``) and
+writing the part's record in the same commit: the messages stay in the queue, in flight
+(the queue's counts show them in flight), and the record names their ids, never a copy of
+their bodies (taking a hold writes one small record, whatever the part's size, and no
+message: ackqueue.holds).  A hold survives the service's crash (SIGKILL included): when
+the queue is opened again, a live hold's messages are held again, in flight, instead of
+being delivered to anyone else, so a replay after a restart returns them again: same
+ids, bodies, priorities, attributes, sent times, and receive counts that count every
+read.
 
-- A replay renews the lease (a commit of the part's read count and deadline).
-- A commit of the stream up to seq deletes the records of its parts up to seq and
-  remembers seq, in one commit (cumulative and idempotent; a part at or below it reads
-  nothing from then on).
-- A record whose lease ran out (deadline, wall-clock seconds, passed) is deleted and its
-  messages put back into the queue in the same commit: at the queue's tail, as new
-  messages (new ids; their receive count starts over), with their bodies, priorities and
-  attributes.
+- A replay counts one more receive of the part's messages and renews the lease (one
+  commit: the hold's read count and deadline, and the record's).
+- A commit of the stream up to seq acknowledges the messages of its parts up to seq,
+  deletes their records and remembers seq, in one commit (cumulative and idempotent; a
+  part at or below it reads nothing from then on).
+- A part whose lease ran out (deadline, wall-clock seconds, passed): its messages go back
+  at their original place, with their receive counts counted, as at any delivery's
+  visibility deadline (the queue does that by itself at the hold's deadline, or at its
+  next open; the service deletes the record then, with the give-back when it comes
+  first); a later read of the part takes afresh.
 - A part read more than max_receives times is failing its processor each time (see
-  Book.lease): halved, or its one message moved to the dead-letter queue, in one commit.
+  Book.lease): halved, or its one message moved to the dead-letter queue (with its
+  receive count), in one commit.  The second half goes back at its original place with
+  the receive counts it had before the part (the part's failed reads are not blamed on
+  each of its messages: the queue's own max_receives rule would dead-letter them all at
+  their next receive).
 
 The record is an OOBTree of plain values (no class of this module is named in a file):
-``("part", queue, stream, seq, part) -> {"messages": PersistentList([(id, body, priority,
-attributes, sent_at, receive_count), ...]), "reads": n, "deadline": t}`` and ``("committed", queue,
-stream) -> the last seq committed``.  This process must be the record's only writer (the
-service holds its storage alone), so what Book holds in memory is what was committed: the
-record is read once, by load(), at start.
+``("part", queue, stream, seq, part) -> {"ids": packed 64-bit ids in the order received,
+"reads": n, "deadline": t}`` and ``("committed", queue, stream) -> the last seq
+committed``.  This process must be the record's only writer (the service holds its
+storage alone), so what Book holds in memory is what was committed: the record is read
+once, by load(), at start.
 """
 import threading
 import time
-from collections import namedtuple
 from contextlib import contextmanager
 
 from BTrees.OOBTree import OOBTree
-from persistent.list import PersistentList
 
-from ackqueue import atomic
+from ackqueue.holds import Held, Holds, pack_ids, unpack_ids
 
-__all__ = ["Book", "Held", "StreamLock", "ROOT_KEY"]
+__all__ = ["Book", "Held", "StreamLock", "ROOT_KEY", "hold_name"]
 
 ROOT_KEY = "ackqueue.streams"
 
-# One leased message, as the record keeps it (body: the stored, marked bytes).
-Held = namedtuple("Held", "id body priority attributes sent_at receive_count")
+
+def hold_name(stream, key):
+    """The name of the durable hold of part key (seq, part) of a stream."""
+    return f"stream/{stream}/{key[0]}/{key[1]}"
 
 
 class Part:
-    """A leased part in memory: its messages, how many reads it had, its deadline."""
+    """A leased part in memory: its message ids, how many reads it had, its deadline."""
 
-    __slots__ = ("messages", "reads", "deadline")
+    __slots__ = ("ids", "reads", "deadline")
 
-    def __init__(self, messages, reads, deadline):
-        self.messages, self.reads, self.deadline = list(messages), reads, deadline
+    def __init__(self, ids, reads, deadline):
+        self.ids, self.reads, self.deadline = list(ids), reads, deadline
 
     def stored(self):
-        return {"messages": [tuple(h) for h in self.messages], "reads": self.reads,
-                "deadline": self.deadline}
+        return {"ids": pack_ids(self.ids), "reads": self.reads, "deadline": self.deadline}
 
     @classmethod
     def from_stored(cls, value):
-        return cls([Held(*m) for m in value["messages"]], value["reads"], value["deadline"])
+        return cls(unpack_ids(value["ids"]), value["reads"], value["deadline"])
 
 
 class StreamLock:
@@ -104,18 +112,9 @@ class StreamLock:
                 self._cond.notify_all()
 
 
-class _Renew:
-    """A change of a part's read count and deadline alone (its messages stay)."""
-
-    def __init__(self, reads, deadline):
-        self.reads, self.deadline = reads, deadline
-
-
 class _Write:
-    """A store operation on the record: set keys to values (a part's messages become an
-    object of their own, so that the tree's buckets hold only references and a renewal
-    writes no body again), renew parts (_Renew), delete those whose value is None.
-    Logical, so it re-applies cleanly when the commit is retried."""
+    """A store operation on the record: set keys to values, delete those whose value is
+    None.  Logical, so it re-applies cleanly when the commit is retried."""
 
     def __init__(self, changes):
         self.changes = changes
@@ -130,47 +129,12 @@ class _Write:
         for key, value in self.changes:
             if value is None:
                 tree.pop(key, None)
-            elif isinstance(value, _Renew):
-                tree[key] = dict(tree[key], reads=value.reads, deadline=value.deadline)
-            elif isinstance(value, dict):
-                tree[key] = dict(value, messages=PersistentList(value["messages"]))
             else:
                 tree[key] = value
 
 
 def _part_key(name, stream, key):
     return ("part", name, stream, key[0], key[1])
-
-
-def _held(m):
-    return Held(int(m.id), m.body, m.priority, dict(m.attributes or {}) or None, m.sent_at,
-                m.receive_count)
-
-
-def _put_back(q, held):
-    """Put held messages into q, inside the caller's atomic block: one put_many per run of
-    neighbours with the same priority and attributes."""
-    start = 0
-    while start < len(held):
-        first, stop = held[start], start + 1
-        while stop < len(held) and (held[stop].priority, held[stop].attributes) == (
-                first.priority, first.attributes):
-            stop += 1
-        q.put_many([h.body for h in held[start:stop]], encoded=True,
-                   priority=first.priority, attributes=first.attributes)
-        start = stop
-
-
-def _take(q, n, visibility_timeout, policy):
-    """Up to n ready messages of q, not waiting, in the calling thread's open block.
-    (The thread's own connection, q._conn(), is the one its transaction block is open on;
-    the front's get_messages takes no dead-letter policy, hence the private call.)"""
-    import queue as stdlib_queue
-    try:
-        return q._conn().get_many(n, block=False, messages=True, raw=True,
-                                  visibility_timeout=visibility_timeout, policy=policy)
-    except stdlib_queue.Empty:
-        return []
 
 
 class Book:
@@ -183,12 +147,21 @@ class Book:
         self.parts = {}             # (queue, stream) -> {(seq, part): Part}
         self.committed = {}         # (queue, stream) -> the last seq committed
         self._locks = {}
+        self._holds = {}            # id(AckQueue) -> (the queue, its Holds)
         self._locks_lock = threading.Lock()
 
     def lock(self, name, stream):
         """The StreamLock of one stream."""
         with self._locks_lock:
             return self._locks.setdefault((name, stream), StreamLock())
+
+    def holds(self, q):
+        """The Holds of AckQueue q (made on first use)."""
+        with self._locks_lock:
+            found = self._holds.get(id(q))
+            if found is None or found[0] is not q:
+                found = self._holds[id(q)] = (q, Holds(q))
+            return found[1]
 
     def load(self, db):
         """Read the record of db (once, before any other call)."""
@@ -209,7 +182,7 @@ class Book:
     def count(self):
         """(parts, messages) leased now."""
         parts = [p for by_key in list(self.parts.values()) for p in list(by_key.values())]
-        return len(parts), sum(len(p.messages) for p in parts)
+        return len(parts), sum(len(p.ids) for p in parts)
 
     def streams_of(self, name):
         """{stream: {"committed", "parts", "messages"}} of queue name, as held now."""
@@ -219,7 +192,7 @@ class Book:
                 parts = list(self.parts.get((queue, stream), {}).values())
                 out[stream] = {"committed": self.committed.get((queue, stream), -1),
                                "parts": len(parts),
-                               "messages": sum(len(p.messages) for p in parts)}
+                               "messages": sum(len(p.ids) for p in parts)}
         return out
 
     # -- a part's read -------------------------------------------------------------------
@@ -227,14 +200,15 @@ class Book:
     def lease(self, q, stream, key, n, visibility_timeout, policy=None, max_receives=None,
               dead_letter=None):
         """(messages, reads before this one) of part key (seq, part) of q's stream: the
-        first read takes up to n ready messages for it; a later read returns the same ones
-        and renews the lease for visibility_timeout seconds.  Read more than max_receives
-        times, the part is failing its processor each time, and which message is to blame
-        is not known: one message alone goes to the queue dead_letter (an AckQueue of the
-        same database, or None: dropped); more are halved, the second half put back into
-        q and the first half read again from a fresh count, so a poison message is
-        cornered in about max_receives * log2(n) reads while its batch-mates go on.
-        A part of a committed seq returns nothing."""
+        first read receives up to n ready messages and holds them for it; a later read
+        returns the same ones, counted as received once more, and renews the lease for
+        visibility_timeout seconds.  Read more than max_receives times, the part is
+        failing its processor each time, and which message is to blame is not known: one
+        message alone goes to the queue dead_letter (an AckQueue of the same database, or
+        None: dropped); more are halved, the second half given back to q and the first
+        half read again from a fresh count, so a poison message is cornered in about
+        max_receives * log2(n) reads while its batch-mates go on.  A part of a committed
+        seq returns nothing."""
         name = q.name
         lock, now = self.lock(name, stream), self.clock()
         if self._run_out(name, stream, now):
@@ -245,60 +219,74 @@ class Book:
                 return [], 0
             by_key = self.parts.setdefault((name, stream), {})
             part = by_key.get(key)
+            holds = self.holds(q)
+            hold = hold_name(stream, key)
+            if part is not None and part.ids and not holds.held(hold):
+                # Its messages are no longer held (the queue gave them back at the hold's
+                # deadline, or they were purged): the lease ran out, the part starts over.
+                holds.release([hold], also=[_Write([(_part_key(name, stream, key), None)])])
+                del by_key[key]
+                part = None
             if part is None:
                 part = self._first_read(q, stream, key, n, visibility_timeout, policy, now)
-                return part.messages, 0
-            new = Part(part.messages, part.reads + 1, now + visibility_timeout)
-            if max_receives is not None and new.reads > max_receives and new.messages:
-                return self._isolate(q, stream, key, new, dead_letter), 0
-            self._write(q, [(_part_key(name, stream, key), _Renew(new.reads, new.deadline))])
+                return part, 0
+            new = Part(part.ids, part.reads + 1, now + visibility_timeout)
+            if max_receives is not None and new.reads > max_receives and new.ids:
+                return self._isolate(q, stream, key, new, dead_letter,
+                                     visibility_timeout), 0
+            record = _Write([(_part_key(name, stream, key), new.stored())])
+            got = holds.receive_again(hold, visibility_timeout, also=[record])
             by_key[key] = new
-            return new.messages, new.reads - 1
+            return got, new.reads - 1
 
     def _first_read(self, q, stream, key, n, visibility_timeout, policy, now):
-        with atomic.transaction(q) as t:
-            got = _take(q, n, visibility_timeout, policy)
-            part = Part([_held(m) for m in got], 1, now + visibility_timeout)
-            t.write(_Write([(_part_key(q.name, stream, key), part.stored())]))
-        self.parts[(q.name, stream)][key] = part
-        return part
+        made = []
 
-    def _isolate(self, q, stream, key, part, dead_letter):
-        if len(part.messages) == 1:
-            target = q if dead_letter is None else dead_letter
-            kept, out = Part([], part.reads, part.deadline), part.messages
+        def record(held):
+            made.append(Part([h.id for h in held], 1, now + visibility_timeout))
+            return [_Write([(_part_key(q.name, stream, key), made[0].stored())])]
+
+        got = self.holds(q).take(hold_name(stream, key), n, visibility_timeout, policy,
+                                 also=record)
+        self.parts[(q.name, stream)][key] = made[0]
+        return got
+
+    def _isolate(self, q, stream, key, part, dead_letter, visibility_timeout):
+        holds, hold = self.holds(q), hold_name(stream, key)
+        if len(part.ids) == 1:
+            kept = Part([], part.reads, part.deadline)
+            write = _Write([(_part_key(q.name, stream, key), kept.stored())])
+            holds.dead_letter(hold, part.ids, dead_letter, also=[write])
         else:
-            target = q
-            half = (len(part.messages) + 1) // 2
-            kept, out = Part(part.messages[:half], 1, part.deadline), part.messages[half:]
-        with atomic.transaction(target) as t:
-            if target is not q or len(part.messages) > 1:
-                _put_back(target, out)          # to the dead-letter queue, or back to q
-            t.write(_Write([(_part_key(q.name, stream, key), kept.stored())]))
+            half = (len(part.ids) + 1) // 2
+            kept = Part(part.ids[:half], 1, part.deadline)
+            write = _Write([(_part_key(q.name, stream, key), kept.stored())])
+            holds.release([hold], seqs=part.ids[half:], also=[write], count=False,
+                          why="its part failed its processor too often: halved")
         self.parts[(q.name, stream)][key] = kept
-        return kept.messages
-
-    def _write(self, q, changes):
-        """Commit changes of the record alone (through q's committer)."""
-        with atomic.transaction(q) as t:
-            t.write(_Write(changes))
+        # This read of the first half counts as a receive of it, as every read does.
+        return holds.receive_again(hold, visibility_timeout) if kept.ids else []
 
     # -- commit and expiry ---------------------------------------------------------------
 
     def commit(self, q, stream, upto):
-        """Delete the parts of q's stream up to seq upto and remember upto, in one commit;
-        (messages those parts held, the stream's last committed seq).  Cumulative and
-        idempotent: a repeat finds nothing to delete."""
+        """Acknowledge the messages of the parts of q's stream up to seq upto, delete
+        those parts and remember upto, in one commit; (messages acknowledged, the
+        stream's last committed seq).  Cumulative and idempotent: a repeat finds nothing
+        to acknowledge."""
         name = q.name
         with self.lock(name, stream).whole():
             by_key = self.parts.get((name, stream), {})
             keys = [k for k in by_key if k[0] <= upto]
             done = max(self.committed.get((name, stream), -1), upto)
+            acked = 0
             if keys or done != self.committed.get((name, stream)):
                 changes = [(_part_key(name, stream, k), None) for k in keys]
                 changes.append((("committed", name, stream), done))
-                self._write(q, changes)
-            acked = sum(len(by_key.pop(k).messages) for k in keys)
+                acked = self.holds(q).ack([hold_name(stream, k) for k in keys],
+                                          also=[_Write(changes)])
+            for k in keys:
+                del by_key[k]
             self.committed[(name, stream)] = done
             return acked, done
 
@@ -308,19 +296,20 @@ class Book:
                    for p in list(self.parts.get((name, stream), {}).values()))
 
     def _expire(self, q, stream, now):
-        """Put back the messages of q's stream's parts whose lease ran out, and delete
-        those parts, in one commit (the whole stream locked); how many messages."""
+        """Give back the messages of q's stream's parts whose lease ran out (those the
+        queue has not given back by itself already), and delete those parts, in one
+        commit (the whole stream locked); how many messages."""
         by_key = self.parts.get((q.name, stream), {})
-        keys = [k for k, p in by_key.items() if p.deadline <= now]
+        keys = sorted(k for k, p in by_key.items() if p.deadline <= now)
         if not keys:
             return 0
-        held = [h for k in sorted(keys) for h in by_key[k].messages]
-        with atomic.transaction(q) as t:
-            _put_back(q, held)
-            t.write(_Write([(_part_key(q.name, stream, k), None) for k in keys]))
+        given = self.holds(q).release(
+            [hold_name(stream, k) for k in keys],
+            also=[_Write([(_part_key(q.name, stream, k), None) for k in keys])],
+            why="its stream lease ran out")
         for k in keys:
             del by_key[k]
-        return len(held)
+        return given
 
     def expire_all(self, open_queue):
         """Expire the run-out parts of every stream; open_queue(name) gives the AckQueue.
@@ -336,3 +325,4 @@ class Book:
             if given:
                 out.append((name, stream, given))
         return out
+

@@ -28,28 +28,33 @@ Design of the streaming source (at least once, no loss, exact replay):
   Trigger.AvailableNow) and in how many parts.  It receives nothing itself.
 - Durable leases keyed by batch offsets.  Part i of batch n is read in a worker through
   ``POST /v1/queues/{q}/streams/{stream}/batches/{n}/{i}`` (ackqueue/service/batches.py).
-  The first read takes up to ceil(max/parts) ready messages out of the queue into the
-  record (stream, n, i) in the queue file, in one commit (ackqueue/service/streams.py),
-  leased for visibilityTimeout seconds; a later read of the same record (Spark replaying
-  the batch after a task, executor or driver failure, or after the service was killed and
-  restarted) returns exactly those messages and renews their lease.  The record is in the
-  queue file, not in the Spark driver nor in the service's memory, so it survives the
-  SIGKILL of either.
+  The first read receives up to ceil(max/parts) ready messages and holds them in the
+  queue, in flight, under a durable hold (ackqueue.holds) for visibilityTimeout seconds,
+  with the record (stream, n, i) that names their ids, in one commit
+  (ackqueue/service/streams.py); a later read of the same record (Spark replaying the
+  batch after a task, executor or driver failure, or after the service was killed and
+  restarted) returns exactly those messages (same ids, bodies, attributes) and renews
+  their lease.  Hold and record are in the queue file, not in the Spark driver nor in the
+  service's memory, so they survive the SIGKILL of either.  The answer is columnar
+  (format=columns: the payloads in Arrow's layout), so a part becomes one Arrow batch
+  without a step per row.
 - Acknowledgement on commit only, cumulative and idempotent.  commit(end) acknowledges
   every record of the stream up to end's seq.  Spark calls it only when it plans the next
   batch, never for the last batch of a run, and does not retry it after a crash; so
   latestOffset(start) acknowledges everything up to start as well (Spark plans a batch only
   once the previous one is in its commit log).  The service forgets a committed record, and
   a read of a committed batch returns nothing.
-- Leases of a query that never comes back run out after visibilityTimeout and the service
-  puts their messages back into the queue for other consumers (at least once; at its
-  tail, as new messages); a query restarted after that reads those batches afresh.
+- Leases of a query that never comes back run out after visibilityTimeout and their
+  messages go back into the queue for other consumers (at least once), at their original
+  place, with their receive counts counted, as at any delivery's visibility deadline; a
+  query restarted after that reads those batches afresh.
 - Poison messages.  Spark fails a whole micro-batch when one row fails, and nothing says
   which row it was.  Every read of a record counts as one receive (receive_count grows on
   each replay).  With maxReceives, a batch part read more than maxReceives times is
   isolating its culprit: a part of one message goes to deadLetterQueue (or is dropped) and
   the batch goes on without it; a larger part keeps its first half (under a fresh count)
-  and puts the second half back into the queue, where later batches receive it.  So a
+  and gives the second half back to the queue (at its place, with the receive counts it
+  had before the part), where later batches receive it.  So a
   poison message reaches the dead-letter queue after about maxReceives * log2(n) failed
   attempts and its batch-mates are processed; replays stay exact until maxReceives
   attempts have failed.  A job that reads one micro-batch twice (two actions on it in

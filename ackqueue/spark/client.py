@@ -100,20 +100,32 @@ class Client:
     def counts(self, queue):
         return self.json("GET", f"/v1/queues/{_q(queue)}")["stats"]
 
-    def read_batch(self, queue, stream, seq, part, n, visibility_timeout, max_receives=None,
-                   dead_letter=None):
-        """[(header dict, payload bytes)] of a leased batch part (service/batches.py)."""
-        query = {"max": n, "visibility_timeout": visibility_timeout}
+    def _read(self, queue, stream, seq, part, n, visibility_timeout, max_receives,
+              dead_letter, **extra):
+        query = {"max": n, "visibility_timeout": visibility_timeout, **extra}
         if max_receives is not None:
             query["max_receives"] = max_receives
         if dead_letter is not None:
             query["dead_letter"] = dead_letter
-        _, data = self.request(
+        return decode_frames(self.request(
             "POST", f"/v1/queues/{_q(queue)}/streams/{_q(stream)}/batches/{seq}/{part}?"
-            + urllib.parse.urlencode(query))
-        parts = decode_frames(data)
+            + urllib.parse.urlencode(query))[1])
+
+    def read_batch(self, queue, stream, seq, part, n, visibility_timeout, max_receives=None,
+                   dead_letter=None):
+        """[(header dict, payload bytes)] of a leased batch part (service/batches.py)."""
+        parts = self._read(queue, stream, seq, part, n, visibility_timeout, max_receives,
+                           dead_letter)
         heads = json.loads(parts[0])["messages"]
         return list(zip(heads, parts[1:]))
+
+    def read_columns(self, queue, stream, seq, part, n, visibility_timeout,
+                     max_receives=None, dead_letter=None):
+        """(columns dict, payload offsets, payloads) of a leased batch part, in the
+        service's columnar answer (format=columns; service/batches.py)."""
+        head, offsets, data = self._read(queue, stream, seq, part, n, visibility_timeout,
+                                         max_receives, dead_letter, format="columns")
+        return json.loads(head), offsets, data
 
     def commit(self, queue, stream, upto):
         return self.json("POST", f"/v1/queues/{_q(queue)}/streams/{_q(stream)}/commit?"

@@ -4,7 +4,7 @@ import datetime
 
 from .client import Client
 
-__all__ = ["SCHEMA", "Options", "to_row", "to_arrow"]
+__all__ = ["SCHEMA", "Options", "to_row", "to_arrow", "columns_to_arrow"]
 
 SCHEMA = ("id LONG, body BINARY, text STRING, encoding STRING, "
           "attributes MAP<STRING, STRING>, receive_count INT, sent_at TIMESTAMP, "
@@ -102,6 +102,58 @@ def to_arrow(got, state):
             pa.timestamp("us", tz="UTC")),
         pa.array([h.get("priority") for h in heads], pa.int32()),
         pa.array([state] * len(heads), pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, names=[
+        "id", "body", "text", "encoding", "attributes", "receive_count", "sent_at",
+        "priority", "state"])
+
+
+_TEXT_KINDS = ("str", "json")
+
+
+def _text_column(pa, encodings, binary, offsets, data):
+    """The text column: the payloads read as UTF-8 where the queue holds text (the same
+    buffers, checked, when every message is text), else None."""
+    n = len(encodings)
+    if all(e in _TEXT_KINDS for e in encodings):
+        text = pa.Array.from_buffers(pa.large_string(), n, [None, offsets, data])
+        try:
+            text.validate(full=True)
+            return text.cast(pa.string())
+        except pa.ArrowInvalid:         # not UTF-8 (a lone surrogate): row by row below
+            pass
+    return pa.array([_text(e, p.as_py()) if e in _TEXT_KINDS else None
+                     for e, p in zip(encodings, binary)], pa.string())
+
+
+def columns_to_arrow(head, offsets, data, state):
+    """A leased part in the service's columnar answer (Client.read_columns) as one pyarrow
+    RecordBatch of SCHEMA: the payloads become the body column without a copy per row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    n = len(head["ids"])
+    offsets, data = pa.py_buffer(offsets), pa.py_buffer(data)
+    body = pa.Array.from_buffers(pa.large_binary(), n, [None, offsets, data])
+    encodings = head["encodings"]
+    attributes = head.get("attributes")
+    if attributes is None:
+        attrs = pa.MapArray.from_arrays(pa.array([0] * (n + 1), pa.int32()),
+                                        pa.array([], pa.string()), pa.array([], pa.string()))
+    else:
+        attrs = pa.array([list(a.items()) for a in attributes],
+                         pa.map_(pa.string(), pa.string()))
+    sent = pc.cast(pc.round(pc.multiply(pa.array(head["sent_at"], pa.float64()), 1e6)),
+                   pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    columns = [
+        pa.array(head["ids"], pa.int64()),
+        body.cast(pa.binary()),
+        _text_column(pa, encodings, body, offsets, data),
+        pa.array(encodings, pa.string()),
+        attrs,
+        pa.array(head["receive_counts"], pa.int32()),
+        sent,
+        pa.array(head["priorities"], pa.int32()),
+        pa.array([state] * n, pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, names=[
         "id", "body", "text", "encoding", "attributes", "receive_count", "sent_at",

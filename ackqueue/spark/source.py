@@ -18,7 +18,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
 
-from .options import to_arrow
+from .options import columns_to_arrow
 
 __all__ = ["StreamReader", "BatchPart"]
 
@@ -74,10 +74,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         o = self.options
         if partition.n <= 0:
             return iter(())
-        got = self.client.read_batch(o.queue, partition.stream, partition.seq,
-                                     partition.part, partition.n, o.visibility_timeout,
-                                     o.max_receives, o.dead_letter)
-        return iter([to_arrow(got, "in_flight")] if got else [])
+        head, offsets, data = self.client.read_columns(
+            o.queue, partition.stream, partition.seq, partition.part, partition.n,
+            o.visibility_timeout, o.max_receives, o.dead_letter)
+        if not head["ids"]:
+            return iter(())
+        return iter([columns_to_arrow(head, offsets, data, "in_flight")])
 
     def commit(self, end):
         self.client.commit(self.options.queue, end["stream"], end["seq"])

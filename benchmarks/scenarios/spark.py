@@ -9,7 +9,8 @@ For micro-batches of 1,000 and 10,000 messages, messages/s through
 - the JSON file source into the ackqueue sink (rows put with dedup ids).
 and the floors under the queue source, measured in the same run: a Python data source that
 only generates rows (the cost of Spark's Python source path, no I/O), and the service's
-leased-batch path alone (read + commit requests from one Python process, no Spark); and
+leased-batch path alone (read + commit requests from one Python process, the answers made
+into the source's Arrow batches, no Spark); and
 under the sink, the service's row-put path alone (1,000 rows a request with dedup ids).
 
 Each rate is rows over the summed ``triggerExecution`` time of the micro-batches that had
@@ -87,14 +88,19 @@ def _fill(url, queue, n):
 
 
 def _service_floor(url, queue, n, batch):
-    """The leased-batch path alone: read parts of `batch` and commit, until n are read."""
+    """The leased-batch path alone: read parts of `batch` (the source's columnar answer,
+    made into the Arrow batch the source hands Spark) and commit, until n are read."""
     from ackqueue.spark.client import Client
+    from ackqueue.spark.options import columns_to_arrow
     c = Client(url)
     got, seq, t0 = 0, 0, time.perf_counter()
     while got < n:
         seq += 1
         for part in range(2):
-            got += len(c.read_batch(queue, "floor", seq, part, (batch + 1) // 2, 600))
+            head, offsets, data = c.read_columns(queue, "floor", seq, part,
+                                                 (batch + 1) // 2, 600)
+            if head["ids"]:
+                got += len(columns_to_arrow(head, offsets, data, "in_flight"))
         c.commit(queue, "floor", seq)
     secs = time.perf_counter() - t0
     c.close()

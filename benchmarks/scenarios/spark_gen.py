@@ -1,6 +1,7 @@
 """A Python streaming data source that only generates rows (a floor for (spark)): n rows
 in micro-batches of `batch`, no I/O, the same row shape as the ackqueue source, handed to
-Spark the same way (one Arrow RecordBatch per partition)."""
+Spark the same way (one Arrow RecordBatch per partition, made from the same columnar form
+as the service's answer)."""
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
@@ -35,10 +36,16 @@ class GenReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [InputPartition((start["at"], mid)), InputPartition((mid, end["at"]))]
 
     def read(self, partition):
-        from ackqueue.spark.options import to_arrow
+        import array
+        from ackqueue.spark.options import columns_to_arrow
         lo, hi = partition.value
+        n = hi - lo
+        if n <= 0:
+            return iter(())
         body = b'{"n": 0, "payload": "' + b"x" * 70 + b'"}'
-        head = {"encoding": "str", "attributes": {}, "receive_count": 1, "sent_at": 0.0,
-                "priority": 100}
-        got = [(dict(head, id=i), body) for i in range(lo, hi)]
-        return iter([to_arrow(got, "in_flight")] if got else [])
+        # The columnar form the service answers the source with (service/batches.py).
+        head = {"ids": list(range(lo, hi)), "receive_counts": [1] * n,
+                "sent_at": [0.0] * n, "priorities": [100] * n, "encodings": ["str"] * n,
+                "attributes": None}
+        offsets = array.array("q", range(0, (n + 1) * len(body), len(body))).tobytes()
+        return iter([columns_to_arrow(head, offsets, body * n, "in_flight")])
