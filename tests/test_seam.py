@@ -435,9 +435,9 @@ def test_a_group_commits_outcomes_reach_the_loop_in_one_wake_up(where):
         bridge = CountingBridge(asyncio.get_running_loop())
         with AckQueue(path=where) as q:
             committer = q._state.committer
-            bridge.attach(committer)
             seen = []
-            committer.add_group_listener(lambda: seen.append("group"))
+            committer.add_group_listener(lambda: seen.append("group"))   # runs first
+            bridge.attach(committer)
             pairs = [bridge.pending() for _ in range(3)]
             committer._baton.acquire()      # hold commits back so that the three group
             try:
@@ -455,4 +455,5 @@ def test_a_group_commits_outcomes_reach_the_loop_in_one_wake_up(where):
             assert CountingBridge.drains == 1
             assert not settling()
             committer.remove_group_listener(bridge.group_settled)
+            committer.remove_group_listener(committer._group_listeners[0])
     asyncio.run(main())
