@@ -197,7 +197,7 @@ def _scenario(key, sc, report):
         a = report["scenarios"].get("a", {}).get("results", {}).get(REFERENCE, {})
         return markdown_scale(sc, (a.get("median") or {}).get("put_rate"))
     if key == "g":
-        return markdown_g(sc)
+        return markdown_g(sc, report)
     if key == "spark":
         from benchmarks.report.markdown_spark import markdown_spark
         return markdown_spark(sc)

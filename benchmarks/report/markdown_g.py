@@ -179,9 +179,52 @@ def _variant_notes(var):
     return lines + notes + ([""] if notes else [])
 
 
-def markdown_g(sc):
+REMOTE = ("ackqueue (remote)", "ackqueue (remote, ack with next get)")
+
+
+def _durable_floor(report, kind):
+    """items/s the durable request floor of the same run allows one message at a time
+    (the service scenario's, service_floor.py), or None when it did not run."""
+    durable = (((report or {}).get("scenarios", {}).get("service") or {})
+               .get("parts", {}).get("durable", {}))
+    return (durable.get(f"{kind} batch 1") or {}).get("median", {}).get("items_per_s")
+
+
+def _targets(sc, report):
+    """Issue 23's target for (g): the remote drop-in at 2x persist-queue, beside the
+    durable request floor of the same run."""
+    f_fsync, f_zodb = _durable_floor(report, "fsync"), _durable_floor(report, "zodb")
+    lines = ["### Issue 23's target: the remote drop-in at 2× persist-queue, fsync'd, "
+             "0 duplicates", "",
+             "The floor columns are the durable request floor of this run (the "
+             "(service) section: a bare server answering each request once a group "
+             "commit made it durable, 2 durable requests per message); "
+             "— where (service) did not run.", "",
+             "| variant | contender | items/s | needed (2× persist-queue) | met | "
+             "floor: append + fsync | floor: FileStorage |",
+             "|---|---|---:|---:|---|---:|---:|"]
+    for var in sc["variants"].values():
+        ref = (var["results"].get(REFERENCE, {}).get("median") or {}).get("throughput")
+        for label in REMOTE:
+            entry = var["results"].get(label)
+            if entry is None:
+                continue
+            tp = (entry.get("median") or {}).get("throughput")
+            dup = sum(r.get("duplicates", 0) for r in _counted(entry))
+            need = 2 * ref if ref else None
+            met = "—" if tp is None or need is None else (
+                "yes" if tp >= need and dup == 0 else "**no**")
+            lines.append(f"| {var['title']} | {label} | {fmt(tp)} | {fmt(need)} | {met} | "
+                         f"{fmt(f_fsync) if f_fsync else '—'} | "
+                         f"{fmt(f_zodb) if f_zodb else '—'} |")
+    return lines + [""]
+
+
+def markdown_g(sc, report=None):
     lines = [sc["description"], ""] + _delivery_summary(sc)
     for var in sc["variants"].values():
         lines += _variant_table(var) + _variant_notes(var)
         lines += problem_lines(var["results"])
+    if any(label in var["results"] for var in sc["variants"].values() for label in REMOTE):
+        lines += _targets(sc, report)
     return lines
