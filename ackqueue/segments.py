@@ -131,6 +131,9 @@ class SegmentedIndex(Persistent):
     changes to different keys.  The subset of the BTree API the queue uses."""
 
     segment_class = Segment
+    # Whether a segment emptied by a discard, other than the last one, is unlinked at
+    # once: for an index whose new keys are always above its old ones (sequence numbers).
+    unlink_emptied = False
 
     def __init__(self, bits=6):
         self.bits = bits
@@ -195,15 +198,23 @@ class SegmentedIndex(Persistent):
         bits, segments = self.bits, self.segments
         removed = set()
         number = segment = data = None
+        touched = []
         for key in keys:
             if key >> bits != number:
                 number = key >> bits
                 segment = segments.get(number)
                 data = segment.data if segment is not None else None
+                touched.append((number, segment))
             if data is not None and key in data:
                 segment._p_changed = True
                 del data[key]
                 removed.add(key)
+        if self.unlink_emptied and removed:
+            last = segments.maxKey()
+            for number, segment in touched:
+                if (segment is not None and not segment.data and number != last
+                        and not segment.retired):
+                    self._unlink(number, segment)
         return removed
 
     def add_many(self, keys):
@@ -243,7 +254,13 @@ class SegmentedIndex(Persistent):
         segment._p_changed = True
         # An emptied segment stays linked (the next keys of its run land in it, writing
         # one object instead of a new segment and the tree); compact() drops it later.
+        # Unless no key can land in it any more (unlink_emptied): it is unlinked now,
+        # in the commit that writes it anyway, instead of being written again later.
         del data[key]
+        if not data and self.unlink_emptied:
+            number = key >> self.bits
+            if number != self.segments.maxKey():
+                self._unlink(number, segment)
         return True
 
     # -- ordered iteration ----------------------------------------------------------------
@@ -497,6 +514,12 @@ class MessageIndex(SegmentedIndex):
     put, ack and give-back rewrites a whole segment: with 16, a one-message commit of a
     100-byte item wrote 2.1 KB instead of 5.4 KB (measured), which a fsync'd commit feels.  The index's bits are
     stored with it, so files made with 64 keep working."""
+
+    # New messages always get new, higher sequence numbers: a segment below the last one
+    # that an ack or a delete empties is unlinked in that commit (see discard).  A put
+    # committed after a higher one (several threads, one commit each) may still find its
+    # segment gone: it makes it again.
+    unlink_emptied = True
 
     def __init__(self, bits=4):
         super().__init__(bits)
