@@ -412,7 +412,10 @@ class QueueConnection(ThreadBound):
     def put(self, item, block=True, timeout=None, *, opts=DEFAULT_PUT, dedup_id=None):
         """Put item; returns once it is durable (or, in a transaction, once recorded).
         opts: a state.PutOptions (priority, delay, retention, attributes)."""
-        self.put_many([item], block, timeout, opts=opts, dedup_ids=[dedup_id])
+        timeout = check_wait(block, timeout)
+        pairs = [(item, codec.encode(item, self._state.codec))]
+        check_item_sizes(pairs, self._front.max_item_size)    # the bytes the store keeps
+        self._put_bodies(pairs, block, timeout, opts, (dedup_id,))
 
     def put_many(self, items, block=True, timeout=None, *, opts=DEFAULT_PUT,
                  dedup_ids=None, encoded=False):
@@ -696,9 +699,9 @@ class QueueConnection(ThreadBound):
             else:
                 self._state.ack(h)
         except StaleAck:
-            _forget([h])
+            h.holder._forget((h,))
             raise
-        _forget([h])
+        h.holder._forget((h,))
 
     def nack(self, x, delay=0):
         """Give a message back now (or after delay seconds), at its original place."""

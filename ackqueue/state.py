@@ -26,6 +26,7 @@ import logging
 import math
 import threading
 from queue import Empty, Full
+from threading import current_thread
 from time import monotonic
 
 import transaction
@@ -174,6 +175,14 @@ class Holding:
         self.claimed = False      # a Claim was sent to the store for this delivery
 
 
+def _notify(condition, count=1):
+    """condition.notify(count) (its lock held), skipped when nobody waits on it: a put, a
+    get and an ack each notify, and threading.Condition.notify is Python code even when
+    there is nobody to wake.  (Condition._waiters is the deque of its waiters.)"""
+    if condition._waiters:
+        condition.notify(count)
+
+
 def check_timeout(timeout, what="timeout"):
     """The stdlib's rule for timeouts, plus a clear error for NaN and non-numbers."""
     if timeout is None:
@@ -289,8 +298,9 @@ class QueueState:
 
     def reserve_put(self, front, count, block, timeout):
         """Wait for room for count messages (queue.Queue's rules) and return their seqs."""
-        with self.not_full:
-            self._wait_for_room(front, count, block, timeout)
+        with self.mutex:
+            if front.maxsize > 0 or front.is_shutdown:
+                self._wait_for_room(front, count, block, timeout)
             self.pending_puts += count
             return self.arbiter.reserve_seqs(count)
 
@@ -334,7 +344,7 @@ class QueueState:
 
     def _unreserve(self, count):
         self.pending_puts -= count
-        self.not_full.notify(count)
+        _notify(self.not_full, count)
 
     def puts_committed(self, entries):
         """Durable puts become visible: entries are what new_message returned."""
@@ -357,7 +367,7 @@ class QueueState:
 
     def signal_ready(self, count=1):
         """A message may have become ready (mutex held): wake getters and listeners."""
-        self.not_empty.notify(count)
+        _notify(self.not_empty, count)
         for callback in self._listeners:
             try:
                 callback(self.name)
@@ -447,14 +457,14 @@ class QueueState:
             heapq.heappush(self.deadlines, (deadline, holding.token, seq))
             if self.deadlines[0][1] == holding.token:
                 self.reaper_wake.notify()     # the earliest deadline: the reaper's next wake
-        self.not_full.notify()
+        _notify(self.not_full)
         return holding
 
     def left(self, count=1):
         """Messages left the queue without an ack (expired, dead-lettered, purged)."""
         self.arbiter.removed(count)
-        self.not_full.notify(count)
-        if not self.unfinished():
+        _notify(self.not_full, count)
+        if self.all_tasks_done._waiters and not self.unfinished():
             self.all_tasks_done.notify_all()
 
     # -- peek, browse, counts, purge, redrive, visibility -----------------------------------
@@ -651,7 +661,7 @@ class QueueState:
                 self._forget_holding(h)
             h.released = "it was acknowledged already"
             h.settling = False
-        if not self.unfinished():
+        if self.all_tasks_done._waiters and not self.unfinished():
             self.all_tasks_done.notify_all()
 
     def ack(self, holding):
@@ -774,7 +784,16 @@ class QueueState:
                     break
                 self._give_back(h, "its visibility deadline passed")
         self.arbiter.expire_due(now)
-        for holder in [hd for hd in self.holders if hd.thread_bound and not hd.alive()]:
+        if self.holders:
+            self._reap_ended_threads()
+
+    def _reap_ended_threads(self):
+        """Give back what threads that ended held (mutex held; see expire_due).  The
+        calling thread is alive: its holdings (what a lone thread's ack finds here) are
+        not asked."""
+        me = current_thread()
+        for holder in [hd for hd in self.holders if hd.thread_bound
+                       and (hd._thread is None or hd._thread() is not me) and not hd.alive()]:
             if self.acknowledging or holder.ended_by_exception():
                 self._give_back_all(holder, "the thread that received it ended")
             else:

@@ -400,6 +400,15 @@ class QueueRecord(Persistent):
         if self.expiry is not None and fields.get("expires_at") is not None:
             self._index_expiry([(seq, fields["expires_at"])])
 
+    def add_put(self, op):
+        """Store the message of one Put operation (add_message, without its keywords: the
+        one-message put of every single put)."""
+        body = op.body if len(op.body) <= LARGE_BODY else self._inline(op.seq, op.body)
+        self.messages[op.seq] = (body, op.priority, op.sent_at, 0, None, None, None,
+                                 op.expires_at, op.attributes)
+        if self.expiry is not None and op.expires_at is not None:
+            self._index_expiry(((op.seq, op.expires_at),))
+
     def add_puts(self, puts):
         """Store the messages of Put operations (add_message for each, in one pass)."""
         self.messages.set_many(
@@ -487,7 +496,10 @@ class QueueRecord(Persistent):
 
     def _unexpire(self, seqs):
         """Take messages about to be deleted out of the expiry index (reading each one's
-        stored tuple as it is: this runs with every ack)."""
+        stored tuple as it is: this runs with every ack).  Messages put in deadline order
+        have no entry (expiry.py); an index without entries is not read."""
+        if not self.expiry.slots:
+            return
         get, missing = SegmentedIndex.get, ()
         pairs = []
         for seq in seqs:
@@ -825,11 +837,12 @@ class Put(_Op):
 
     def apply(self, root):
         rec = _queue(root, self.name)
-        earlier = self._applied_before(rec)
-        if earlier is not None:               # a retry of a commit that did go through
-            self.seq = earlier
-            self.key = store_key(rec.kind, self.priority, earlier)
-            return
+        if self.token is not None:
+            earlier = self._applied_before(rec)
+            if earlier is not None:           # a retry of a commit that did go through
+                self.seq = earlier
+                self.key = store_key(rec.kind, self.priority, earlier)
+                return
         if self.numbered:
             self.seq = rec.next_seq.take()
             self.key = store_key(rec.kind, self.priority, self.seq)
@@ -838,8 +851,7 @@ class Put(_Op):
             # is moved a block ahead at a time, so that it is written once per SEQ_BLOCK
             # puts; the next open starts after the block (numbers are never reused).
             rec.next_seq.advance_past(self.seq + SEQ_BLOCK - 1)
-        rec.add_message(self.seq, self.body, self.priority, self.sent_at,
-                        expires_at=self.expires_at, attributes=self.attributes)
+        rec.add_put(self)
         rec.make_ready(self.seq, self.key, self.visible_at, put=1)
         if self.dedup_id is not None:
             rec.remember_dedup(self.dedup_id, self.dedup_until, self.seq)

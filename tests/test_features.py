@@ -447,6 +447,21 @@ def test_retention_of_the_queue_and_per_put_override(env):
     assert q.stats()["expired"] == 3
 
 
+def test_a_put_without_options_uses_the_queue_retention_in_force(env):
+    """A put without options reuses one PutOptions, made again when the queue's
+    retention or dedup window was changed since."""
+    clock = FakeClock()
+    q = env.open(clock=clock, retention=60)
+    q.put("first")
+    q.retention = 30.0
+    q.put("second")
+    clock.advance(31)                             # "second" expired, "first" not
+    assert [m.body for m in (q.get_message(block=False),)] == ["first"]
+    with pytest.raises(Empty):
+        q.get_nowait()
+    assert q.stats()["expired"] == 1
+
+
 def test_retention_of_a_delayed_message_counts_from_put_time(env):
     clock = FakeClock()
     q = env.open(clock=clock)
