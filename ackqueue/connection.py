@@ -456,11 +456,12 @@ class QueueConnection(ThreadBound):
             state.check_orderable([item for item, _ in pairs])
         seqs = state.reserve_put(self._front, len(pairs), block, timeout)
         now = state.clock()
-        ops, entries = [], []
-        for seq, (item, body), dedup_id in zip(seqs, pairs, dedup_ids or [None] * len(pairs)):
-            op, entry = state.new_message(seq, item, body, now, opts, dedup_id)
-            ops.append(op)
-            entries.append(entry)
+        if len(pairs) == 1:
+            op, entry = state.new_message(seqs[0], pairs[0][0], pairs[0][1], now, opts,
+                                          dedup_ids[0] if dedup_ids else None)
+            ops, entries = [op], [entry]
+        else:
+            ops, entries = state.new_messages(seqs, pairs, now, opts, dedup_ids)
         txn = self._transaction_block()
         if txn is not None:
             txn.put_ops.extend(ops)
@@ -543,7 +544,25 @@ class QueueConnection(ThreadBound):
         if not isinstance(claimed, list):   # the state returns a lone Holding for n == 1
             claimed = [claimed]
         got, unreadable = [], None
+        decode, allowed = codec.decode, self._front.allowed_classes
+        holdings, by_item = self._holdings, self._by_item
         for i, h in enumerate(claimed):
+            if h.claim_ticket is None and txn is None:
+                # _hand_out's plain case, inline (a batch of 100 makes 100 of them); an
+                # item that cannot be read takes the full path below.
+                try:
+                    h.item = h.meta.body if raw else decode(h.meta.body, allowed)
+                except Exception:
+                    pass
+                else:
+                    holdings[h.token] = h
+                    same = by_item.get(id(h.item))
+                    if same is None:
+                        by_item[id(h.item)] = [h]
+                    else:
+                        same.append(h)
+                    got.append(h)
+                    continue
             try:
                 got.append(self._hand_out(h, txn, raw))
             except _Unreadable as exc:    # set aside already; the batch goes on without it
@@ -732,9 +751,13 @@ class QueueConnection(ThreadBound):
         return h
 
     def _forget(self, holdings):
+        pop, by_item = self._holdings.pop, self._by_item
         for h in holdings:
-            if self._holdings.pop(h.token, None) is not None:
-                self._unindex(h)
+            if pop(h.token, None) is not None:
+                same = by_item[id(h.item)]            # _unindex, inline
+                same.remove(h)
+                if not same:
+                    del by_item[id(h.item)]
         if len(self._holdings) > self._prune_at:
             self._prune()
 

@@ -510,8 +510,11 @@ class AckQueue(_stdlib_queue.Queue):
         StaleAck) none."""
         holdings, seen = [], set()
         own = self._conn()
+        find = own.find
         for item in items:
-            h = self._find(item, own)
+            h = find(item)
+            if h is None or h.released is not None:
+                h = self._find(item, own)       # peeked, stale, or another thread's
             if h.token not in seen:
                 seen.add(h.token)
                 holdings.append(h)

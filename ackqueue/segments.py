@@ -534,6 +534,11 @@ class MessageIndex(SegmentedIndex):
     def set_many(self, pairs):
         self._set_many((key, _stored(value)) for key, value in pairs)
 
+    def set_stored(self, pairs):
+        """set_many of (seq, message) whose message is already as stored (see _stored: a
+        tuple without trailing None fields)."""
+        self._set_many(pairs)
+
     def items(self):
         for key, value in super().items():
             yield key, Msg(*value)

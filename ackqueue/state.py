@@ -333,6 +333,11 @@ class QueueState:
         """The store operation that puts a message, and what makes it visible once durable."""
         return self.arbiter.new_message(seq, item, body, now, opts, dedup_id)
 
+    def new_messages(self, seqs, pairs, now, opts=DEFAULT_PUT, dedup_ids=None):
+        """new_message for each seq, (item, body) and dedup id (None: none), in one pass:
+        ([store operations], [entries])."""
+        return self.arbiter.new_messages(seqs, pairs, now, opts, dedup_ids)
+
     def ack_op(self, h):
         """The store operation that acknowledges delivery h."""
         return self.arbiter.ack_op(h)
@@ -459,6 +464,29 @@ class QueueState:
                 self.reaper_wake.notify()     # the earliest deadline: the reaper's next wake
         _notify(self.not_full)
         return holding
+
+    def hold_many(self, entries, holder, deadline):
+        """hold() each (seq, key, skey, meta) of entries for one holder with one deadline
+        (mutex held): a get_many's batch in one pass; returns the Holdings."""
+        inflight, tokens = self.inflight, self.tokens
+        held = self.holders.get(holder)
+        if held is None:
+            held = self.holders[holder] = {}
+            if holder.thread_bound and self._reaper_wakes_at > monotonic() + REAP_INTERVAL:
+                self.reaper_wake.notify()     # it must now watch this thread (REAP_INTERVAL)
+        out = []
+        for seq, key, skey, meta in entries:
+            holding = Holding(seq, key, skey, next(tokens), holder, deadline, meta)
+            inflight[seq] = held[seq] = holding
+            out.append(holding)
+        if deadline is not None:
+            first = self.deadlines[0][1] if self.deadlines else None
+            for holding in out:
+                heapq.heappush(self.deadlines, (deadline, holding.token, holding.seq))
+            if self.deadlines[0][1] != first:
+                self.reaper_wake.notify()     # the earliest deadline: the reaper's next wake
+        _notify(self.not_full, len(out))
+        return out
 
     def left(self, count=1):
         """Messages left the queue without an ack (expired, dead-lettered, purged)."""
@@ -638,8 +666,10 @@ class QueueState:
         """Mark holdings as being acknowledged; all must be current (else StaleAck)."""
         with self.mutex:
             self.expire_due()         # an ack after its deadline is late, reaped or not
+            inflight = self.inflight
             for h in holdings:
-                self.check_current(h)
+                if inflight.get(h.seq) is not h or h.settling:
+                    self.check_current(h)     # raises StaleAck
             for h in holdings:
                 h.settling = True
 
@@ -655,10 +685,15 @@ class QueueState:
 
     def _settled(self, holdings):
         self.arbiter.removed(len(holdings))
+        inflight, holders = self.inflight, self.holders
         for h in holdings:
-            if self.inflight.get(h.seq) is h:
-                del self.inflight[h.seq]
-                self._forget_holding(h)
+            if inflight.get(h.seq) is h:
+                del inflight[h.seq]
+                held = holders.get(h.holder)          # _forget_holding, inline
+                if held is not None:
+                    held.pop(h.seq, None)
+                    if not held:
+                        del holders[h.holder]
             h.released = "it was acknowledged already"
             h.settling = False
         if self.all_tasks_done._waiters and not self.unfinished():
@@ -686,7 +721,7 @@ class QueueState:
                 self.cancel_settle(holdings)
 
         try:
-            ticket = self.committer.submit([self.arbiter.ack_op(h) for h in holdings],
+            ticket = self.committer.submit(self.arbiter.ack_ops(holdings),
                                            on_commit=lambda: self.settled(holdings),
                                            on_fail=failed, lead=True)
         except BaseException:

@@ -411,10 +411,18 @@ class QueueRecord(Persistent):
 
     def add_puts(self, puts):
         """Store the messages of Put operations (add_message for each, in one pass)."""
-        self.messages.set_many(
-            (op.seq, (self._inline(op.seq, op.body), op.priority, op.sent_at, 0, None, None,
-                      None, op.expires_at, op.attributes))
-            for op in puts)
+        stored = []
+        for op in puts:
+            body = op.body if len(op.body) <= LARGE_BODY else self._inline(op.seq, op.body)
+            if op.attributes is not None:
+                msg = (body, op.priority, op.sent_at, 0, None, None, None, op.expires_at,
+                       op.attributes)
+            elif op.expires_at is not None:
+                msg = (body, op.priority, op.sent_at, 0, None, None, None, op.expires_at)
+            else:
+                msg = (body, op.priority, op.sent_at, 0, None, None, None)
+            stored.append((op.seq, msg))
+        self.messages.set_stored(stored)
         if self.expiry is not None:
             self._index_expiry([(op.seq, op.expires_at) for op in puts])
 
@@ -756,8 +764,24 @@ def apply_unit(root, ops):
     A run of neighbouring operations of one class on one queue is applied by the class's
     apply_run when it has one (a batch of puts or acks: the queue, its counters and each
     index segment are looked up once per run instead of once per message)."""
-    for op in ops:
-        op.check(root)
+    runs = _runs(ops)
+    for cls, start, stop in runs:
+        if stop - start > 1 and cls.check_run is not None:
+            cls.check_run(root, ops[start:stop])
+        else:
+            for op in ops[start:stop]:
+                op.check(root)
+    for cls, start, stop in runs:
+        if stop - start > 1:
+            cls.apply_run(root, ops[start:stop])
+        else:
+            ops[start].apply(root)
+
+
+def _runs(ops):
+    """(class, start, stop) of each run of neighbouring operations of one class on one
+    queue that the class applies together (apply_run), and of each other operation."""
+    runs = []
     start, end = 0, len(ops)
     while start < end:
         op = ops[start]
@@ -765,11 +789,9 @@ def apply_unit(root, ops):
         if cls.apply_run is not None:
             while stop < end and type(ops[stop]) is cls and ops[stop].name == op.name:
                 stop += 1
-        if stop - start > 1:
-            cls.apply_run(root, ops[start:stop])
-        else:
-            op.apply(root)
+        runs.append((cls, start, stop))
         start = stop
+    return runs
 
 
 class ClaimLost(Refused):
@@ -784,6 +806,7 @@ class _Op:
     __slots__ = ()
 
     apply_run = None    # or a classmethod applying a run of ops (see apply_unit)
+    check_run = None    # or a classmethod checking a run of ops (see apply_unit)
 
     def check(self, root):
         """Raise Refused if this operation must not be applied (the default: always apply)."""
@@ -817,6 +840,12 @@ class Put(_Op):
             return None
         seen = rec.put_tokens.get(self.token)
         return None if seen is None else seen[0]
+
+    @classmethod
+    def check_run(cls, root, puts):
+        for op in puts:
+            if op.dedup_id is not None:
+                op.check(root)
 
     def check(self, root):
         if self.dedup_id is None:
@@ -998,7 +1027,14 @@ class Ack(_Op):
         self.delivery = delivery
 
     def check(self, root):
-        _check_delivery(root, self.name, self.seq, self.expect, "the acknowledgement")
+        if self.expect is not None:
+            _check_delivery(root, self.name, self.seq, self.expect, "the acknowledgement")
+
+    @classmethod
+    def check_run(cls, root, acks):
+        for op in acks:
+            if op.expect is not None:
+                op.check(root)
 
     def apply(self, root):
         rec = _queue(root, self.name)

@@ -837,6 +837,46 @@ def test_get_messages_returns_messages(env):
         q.ack(messages[0])
 
 
+def test_get_many_steps_over_a_message_past_its_retention_in_its_batch(env):
+    """A get_many takes its batch in one pass, which stops at a message past its
+    retention: that one is taken out (expired), and the batch goes on after it."""
+    clock = FakeClock()
+    q = env.open(clock=clock)
+    q.put_many(["a", "b"])
+    q.put("short", retention=10)
+    q.put_many(["c", "d"])
+    clock.advance(11)
+    got = q.get_messages(10)
+    assert bodies(got) == ["a", "b", "c", "d"]
+    assert [m.receive_count for m in got] == [1, 1, 1, 1]
+    assert q.stats()["expired"] == 1 and q.unfinished_tasks == 4
+    q.ack_many(got)
+    assert q.unfinished_tasks == 0
+
+
+def test_get_many_of_a_backlog_left_by_an_earlier_process(tmp_path):
+    """Messages put before the queue was reopened are read from the store (not from
+    this process's memory), batch after batch, in order."""
+    path = tmp_path / "q.fs"
+    with AckQueue(path=path) as q:
+        q.put_many(range(150))
+    with AckQueue(path=path) as q:
+        first = q.get_messages(120)
+        assert bodies(first) == list(range(120))
+        assert [m.receive_count for m in first] == [1] * 120
+        q.ack_many(first)
+        assert q.get_many(100) == list(range(120, 150))
+    with AckQueue(path=path) as q:
+        assert q.qsize() == 30                  # the second batch was never acknowledged
+
+
+def test_a_lifo_get_many_takes_the_newest_first(env):
+    q = env.open(AckLifoQueue)
+    q.put_many(range(5))
+    assert q.get_many(3) == [4, 3, 2]
+    assert q.get_many(3) == [1, 0]
+
+
 def test_get_many_waits_for_at_least_one(env):
     q = env.open()
     result = {}
