@@ -17,6 +17,7 @@ A journal is two KeyRuns: ``added`` (keys in the set but not in its segments) an
 (segments - removed) | added; the two never share a key.
 """
 from bisect import bisect_right
+from itertools import chain
 
 from ZODB.POSException import ConflictError
 
@@ -50,10 +51,10 @@ class KeyRuns:
 
     def flat(self):
         """(start0, end0, start1, end1, ...): how the runs are stored."""
-        out = [None] * (2 * len(self.starts))
-        out[0::2] = self.starts
-        out[1::2] = self.ends
-        return tuple(out)
+        starts, ends = self.starts, self.ends
+        if len(starts) == 1:                  # a FIFO or LIFO queue's journal
+            return (starts[0], ends[0])
+        return tuple(chain.from_iterable(zip(starts, ends)))
 
     def __len__(self):
         return self.count
