@@ -433,7 +433,7 @@ class QueueConnection(ThreadBound):
                                  "items to order them; put encoded bodies in a FIFO or "
                                  "LIFO queue")
         else:
-            pairs = [(item, codec.encode(item, self._state.codec)) for item in items]
+            pairs = codec.encode_many(items, self._state.codec)
         check_item_sizes(pairs, self._front.max_item_size)    # the bytes the store keeps
         if dedup_ids is None:
             dedup_ids = [None] * len(pairs)
@@ -664,6 +664,14 @@ class QueueConnection(ThreadBound):
                 if h.seq == x:
                     return h
         return None
+
+    def find_many(self, items):
+        """[find(x) for x in items], in one pass for the items got here (ack_many)."""
+        # The usual case, inline: the item got here, in one delivery (an item is alive
+        # while held, so no other object shares its id; a Message is found by find).
+        by_item, find = self._by_item, self.find
+        return [same[0] if (same := by_item.get(id(x))) is not None and same[-1] is same[0]
+                else find(x) for x in items]
 
     def ack(self, x):
         """Acknowledge: the message leaves the queue for good (durable when this returns)."""

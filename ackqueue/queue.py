@@ -510,9 +510,8 @@ class AckQueue(_stdlib_queue.Queue):
         StaleAck) none."""
         holdings, seen = [], set()
         own = self._conn()
-        find = own.find
-        for item in items:
-            h = find(item)
+        items = list(items)
+        for item, h in zip(items, own.find_many(items)):
             if h is None or h.released is not None:
                 h = self._find(item, own)       # peeked, stale, or another thread's
             if h.token not in seen:

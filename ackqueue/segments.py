@@ -19,6 +19,7 @@ import heapq
 import pickle
 import struct
 from collections import namedtuple
+from itertools import repeat
 
 from BTrees.LOBTree import LOBTree
 from persistent import Persistent
@@ -219,7 +220,7 @@ class SegmentedIndex(Persistent):
 
     def add_many(self, keys):
         """add() each key, looking up one segment per run of neighbouring keys."""
-        self._set_many((key, None) for key in keys)
+        self._set_many(zip(keys, repeat(None)))
 
     def _unlink(self, number, segment):
         # The segment is written too, as retired: a concurrent transaction that adds to it
@@ -379,7 +380,7 @@ class KeySet(SegmentedIndex):
 
     def add_many(self, keys):
         if not self._journal_takes(keys):
-            self._set_many((key, None) for key in keys)
+            self._set_many(zip(keys, repeat(None)))
             return
         for key in keys:
             self.add(key)
@@ -424,7 +425,7 @@ class KeySet(SegmentedIndex):
         if holder is None or not holder.journal:
             return
         journal = holder.journal
-        self._set_many((key, None) for key in journal.added)
+        self._set_many(zip(journal.added, repeat(None)))
         SegmentedIndex.discard_many(self, journal.removed)
         holder.journal = KeyJournal()
 

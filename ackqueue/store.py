@@ -889,10 +889,11 @@ class Put(_Op):
 
     @classmethod
     def apply_run(cls, root, puts):
-        if any(op.numbered for op in puts):   # numbered by the store, one after the other
-            for op in puts:
-                op.apply(root)
-            return
+        for op in puts:
+            if op.numbered:                   # numbered by the store, one after the other
+                for op in puts:
+                    op.apply(root)
+                return
         rec = _queue(root, puts[0].name)
         value = rec.next_seq.value            # moved as apply() moves it, op by op
         for op in puts:
