@@ -20,7 +20,7 @@ from benchmarks.contenders.base import Contender
 class FloorAdapter(AckQueueAdapter):
     """ackqueue (fsync) without the ready-set and counter writes (see the module doc)."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, **options):
         from ackqueue import segments, store
         self._patched = [(segments.KeySet, "add"), (segments.KeySet, "add_many"),
                          (segments.KeySet, "discard"), (segments.KeySet, "discard_many"),
@@ -33,7 +33,7 @@ class FloorAdapter(AckQueueAdapter):
         store.Counters.add = lambda self, **deltas: None
         store.Counters.set_order = lambda self, marker: None
         try:
-            super().__init__(directory)
+            super().__init__(directory, **options)
         except BaseException:
             self._restore()
             raise
