@@ -336,7 +336,8 @@ class AckQueue(_stdlib_queue.Queue):
         after the first was acknowledged), attributes (up to 10 str: str pairs, returned on
         the Message)."""
         if (priority == store.DEFAULT_PRIORITY and type(priority) is int and delay == 0
-                and retention is attributes is dedup_id is None):
+                and type(delay) in (int, float) and retention is attributes is dedup_id
+                is None):
             opts = self._default_put_options()          # the usual put: checked already
         else:
             opts = self._put_options(priority, delay, retention, attributes)
