@@ -79,6 +79,37 @@ class CommitterClosed(RuntimeError):
     """The queue's storage was closed before the operation could be committed."""
 
 
+class _Done:
+    """threading.Event's is_set, set and wait, on a bare lock held until set: a ticket is
+    made and settled for every durable operation, and Event's Condition is Python code
+    at each step while a lock is one C call."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self):
+        self._set = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def is_set(self):
+        return self._set
+
+    def set(self):
+        if not self._set:
+            self._set = True
+            try:
+                self._lock.release()
+            except RuntimeError:      # set twice at once: the first one released it
+                pass
+
+    def wait(self, timeout=None):
+        if self._set:
+            return True
+        if self._lock.acquire(True, -1 if timeout is None else max(timeout, 0)):
+            self._lock.release()      # for the next waiter
+        return self._set
+
+
 class Ticket:
     """One unit of operations on its way to the store.
 
@@ -95,7 +126,7 @@ class Ticket:
         self.on_fail = on_fail
         self.error = None
         self.uncertain = False    # an earlier attempt was cut off by a lost connection
-        self._done = threading.Event()
+        self._done = _Done()
         self._leader = leader     # the Committer whose baton wait() tries to take
         self._durable = False     # counted in the committer's _durable_on_way
 

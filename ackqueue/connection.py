@@ -412,7 +412,10 @@ class QueueConnection(ThreadBound):
     def put(self, item, block=True, timeout=None, *, opts=DEFAULT_PUT, dedup_id=None):
         """Put item; returns once it is durable (or, in a transaction, once recorded).
         opts: a state.PutOptions (priority, delay, retention, attributes)."""
-        self.put_many([item], block, timeout, opts=opts, dedup_ids=[dedup_id])
+        timeout = check_wait(block, timeout)
+        pairs = [(item, codec.encode(item, self._state.codec))]
+        check_item_sizes(pairs, self._front.max_item_size)    # the bytes the store keeps
+        self._put_bodies(pairs, block, timeout, opts, (dedup_id,))
 
     def put_many(self, items, block=True, timeout=None, *, opts=DEFAULT_PUT,
                  dedup_ids=None, encoded=False, then=None):
@@ -441,7 +444,7 @@ class QueueConnection(ThreadBound):
                                  "items to order them; put encoded bodies in a FIFO or "
                                  "LIFO queue")
         else:
-            pairs = [(item, codec.encode(item, self._state.codec)) for item in items]
+            pairs = codec.encode_many(items, self._state.codec)
         check_item_sizes(pairs, self._front.max_item_size)    # the bytes the store keeps
         if dedup_ids is None:
             dedup_ids = [None] * len(pairs)
@@ -467,11 +470,12 @@ class QueueConnection(ThreadBound):
             state.check_orderable([item for item, _ in pairs])
         seqs = state.reserve_put(self._front, len(pairs), block, timeout)
         now = state.clock()
-        ops, entries = [], []
-        for seq, (item, body), dedup_id in zip(seqs, pairs, dedup_ids or [None] * len(pairs)):
-            op, entry = state.new_message(seq, item, body, now, opts, dedup_id)
-            ops.append(op)
-            entries.append(entry)
+        if len(pairs) == 1:
+            op, entry = state.new_message(seqs[0], pairs[0][0], pairs[0][1], now, opts,
+                                          dedup_ids[0] if dedup_ids else None)
+            ops, entries = [op], [entry]
+        else:
+            ops, entries = state.new_messages(seqs, pairs, now, opts, dedup_ids)
         txn = self._transaction_block()
         if txn is not None:
             txn.put_ops.extend(ops)
@@ -564,7 +568,25 @@ class QueueConnection(ThreadBound):
         if not isinstance(claimed, list):   # the state returns a lone Holding for n == 1
             claimed = [claimed]
         got, unreadable = [], None
+        decode, allowed = codec.decode, self._front.allowed_classes
+        holdings, by_item = self._holdings, self._by_item
         for i, h in enumerate(claimed):
+            if h.claim_ticket is None and txn is None:
+                # _hand_out's plain case, inline (a batch of 100 makes 100 of them); an
+                # item that cannot be read takes the full path below.
+                try:
+                    h.item = h.meta.body if raw else decode(h.meta.body, allowed)
+                except Exception:
+                    pass
+                else:
+                    holdings[h.token] = h
+                    same = by_item.get(id(h.item))
+                    if same is None:
+                        by_item[id(h.item)] = [h]
+                    else:
+                        same.append(h)
+                    got.append(h)
+                    continue
             try:
                 got.append(self._hand_out(h, txn, raw))
             except _Unreadable as exc:    # set aside already; the batch goes on without it
@@ -667,6 +689,14 @@ class QueueConnection(ThreadBound):
                     return h
         return None
 
+    def find_many(self, items):
+        """[find(x) for x in items], in one pass for the items got here (ack_many)."""
+        # The usual case, inline: the item got here, in one delivery (an item is alive
+        # while held, so no other object shares its id; a Message is found by find).
+        by_item, find = self._by_item, self.find
+        return [same[0] if (same := by_item.get(id(x))) is not None and same[-1] is same[0]
+                else find(x) for x in items]
+
     def ack(self, x):
         """Acknowledge: the message leaves the queue for good (durable when this returns)."""
         self.ack_holding(self._require(x))
@@ -740,9 +770,9 @@ class QueueConnection(ThreadBound):
             else:
                 self._state.ack(h)
         except StaleAck:
-            _forget([h])
+            h.holder._forget((h,))
             raise
-        _forget([h])
+        h.holder._forget((h,))
 
     def nack(self, x, delay=0):
         """Give a message back now (or after delay seconds), at its original place."""
@@ -773,9 +803,13 @@ class QueueConnection(ThreadBound):
         return h
 
     def _forget(self, holdings):
+        pop, by_item = self._holdings.pop, self._by_item
         for h in holdings:
-            if self._holdings.pop(h.token, None) is not None:
-                self._unindex(h)
+            if pop(h.token, None) is not None:
+                same = by_item[id(h.item)]            # _unindex, inline
+                same.remove(h)
+                if not same:
+                    del by_item[id(h.item)]
         if len(self._holdings) > self._prune_at:
             self._prune()
 

@@ -90,7 +90,7 @@ class DeferredAcks:
                 except StaleAck:
                     pass                          # gone meanwhile (purged)
 
-        ops = [state.arbiter.ack_op(h) for h in holdings]
+        ops = state.arbiter.ack_ops(holdings)
         try:
             ticket = state.committer.defer(ops, on_commit=lambda: state.settled(holdings),
                                            on_fail=failed)

@@ -53,6 +53,10 @@ class IQueueState(Interface):
         """(store operation, entry): the Put to commit, and what puts_committed needs to
         make the message visible once that commit is durable."""
 
+    def new_messages(seqs, pairs, now, opts, dedup_ids):
+        """new_message for each seq, (item, body) pair and dedup id (dedup_ids None: none),
+        in one pass: ([store operations], [entries])."""
+
     def puts_committed(entries):
         """Durable puts become visible (ready, or delayed until their time)."""
 
@@ -158,6 +162,9 @@ class IArbiter(Interface):
     def new_message(seq, item, body, now, opts, dedup_id):
         """See IQueueState.new_message."""
 
+    def new_messages(seqs, pairs, now, opts, dedup_ids):
+        """See IQueueState.new_messages."""
+
     def arrive(entries):
         """Durable puts or moved-in messages become visible here (mutex held)."""
 
@@ -172,6 +179,9 @@ class IArbiter(Interface):
 
     def ack_op(holding):
         """The store operation that acknowledges a delivery."""
+
+    def ack_ops(holdings):
+        """[ack_op(h) for h in holdings], in one pass."""
 
     def put_back(holding, visible_at, now):
         """The message of a delivery just given back returns to its place, ready now

@@ -53,6 +53,18 @@ class IntOrder:
         self._len -= 1
         return key
 
+    def pop_many(self, count):
+        """The first count keys (fewer if there are fewer), taken out."""
+        keys = list(itertools.islice(self._keys, count))
+        remove = self._keys.remove
+        for key in keys:
+            remove(key)
+        self._len -= len(keys)
+        return keys
+
+    def push_many(self, keys):
+        self._len += self._keys.update(keys)
+
     def peek(self):
         return self._keys.minKey()
 
@@ -110,6 +122,15 @@ class ValueOrder:
 
     def pop(self):
         return heapq.heappop(self._heap)
+
+    def pop_many(self, count):
+        """The first count keys in order (fewer if there are fewer), taken out."""
+        heap = self._heap
+        return [heapq.heappop(heap) for _ in range(min(count, len(heap)))]
+
+    def push_many(self, keys):
+        for key in keys:
+            heapq.heappush(self._heap, self.Key(key))
 
     def peek(self):
         return self._heap[0]
@@ -285,28 +306,53 @@ class LocalArbiter:
                        None if dedup_id is None else now + opts.dedup_window)
         return op, (seq, self.memory_key(skey, item, priority), meta, visible_at)
 
+    def new_messages(self, seqs, pairs, now, opts=DEFAULT_PUT, dedup_ids=None):
+        kind = self.state.kind
+        if kind == store.VALUE or opts.delay or (dedup_ids and any(dedup_ids)):
+            made = [self.new_message(seq, item, body, now, opts, dedup_id) for
+                    seq, (item, body), dedup_id in zip(seqs, pairs,
+                                                       dedup_ids or [None] * len(pairs))]
+            return [op for op, _ in made], [entry for _, entry in made]
+        # The usual batch, in one pass: new_message's store key (FIFO or LIFO, one
+        # priority), Meta and Put for each message.
+        name, priority, attributes = self.name, opts.priority, opts.attributes
+        expires_at = now + opts.retention
+        rank = (store.PRIORITY_MAX - priority) << store.SEQ_BITS
+        lifo, mask = kind == store.LIFO, store.SEQ_MASK
+        put = store.Put
+        ops, entries = [], []
+        for seq, (item, body) in zip(seqs, pairs):
+            skey = rank | ((mask - seq) if lifo else seq)
+            ops.append(put(name, seq, skey, body, priority, now, None, expires_at,
+                           attributes))
+            entries.append((seq, skey, Meta(body, priority, now, expires_at=expires_at,
+                                            attributes=attributes), None))
+        return ops, entries
+
     def arrive(self, entries):
         # Getters, listeners and the reaper are told once per batch (a listener learns
         # that the queue has something ready, not how many; notify(count) wakes count
         # getters), not once per message: a put_many of 100 made 100 wake-ups.
-        ready = delayed = 0
+        ready, delayed = [], 0
+        cache = self.meta
         for seq, key, meta, visible_at in entries:
             if meta.expires_at is not None and meta.expires_at < self.next_expiry:
                 self.next_expiry = meta.expires_at
             if (self.cached_bytes + len(meta.body) <= BODY_CACHE_BYTES
-                    and len(self.meta) < BODY_CACHE_ITEMS):
-                self.meta[seq] = meta
+                    and len(cache) < BODY_CACHE_ITEMS):
+                cache[seq] = meta
                 self.cached_bytes += len(meta.body)
             if visible_at:
                 heapq.heappush(self.delayed, (visible_at, seq, key))
                 delayed += 1
             else:
-                self.ready.push(key)
-                ready += 1
+                ready.append(key)
+        if ready:
+            self.ready.push_many(ready)
         if delayed:
             self.state.reaper_wake.notify()
         if ready:
-            self.state.signal_ready(ready)
+            self.state.signal_ready(len(ready))
 
     def check_orderable(self, items):
         """A priority queue's items must compare with each other, as heapq needs."""
@@ -331,6 +377,9 @@ class LocalArbiter:
                 h = self._take_next(ask, moves)
                 if h is not None:
                     got.append(h)
+            if got and n > 1 and not ask.shuffle and (ask.policy is None
+                                                      or ask.policy.max_receives is None):
+                self._take_run(ask, n - len(got), got, front)
             while (got and len(got) < n and len(self.ready)
                    and not (front.is_shutdown and front.shutdown_immediate)):
                 try:
@@ -345,6 +394,52 @@ class LocalArbiter:
                 if h is not None:
                     got.append(h)
         return got
+
+    def _take_run(self, ask, count, got, front):
+        """The plain part of a get_many (mutex held; no shuffle, no receive limit): deliver
+        up to count more ready messages in one pass, into got.  It stops at the first
+        message that is not plainly deliverable (past its retention, or its record could
+        not be read), which it leaves ready, with the ones after it, for _take_next's full
+        rules."""
+        if front.is_shutdown and front.shutdown_immediate:
+            return
+        state, ready, cache = self.state, self.ready, self.meta
+        now = state.clock()
+        kind = state.kind
+        keys = ready.pop_many(count)
+        entries = []
+        for i, key in enumerate(keys):
+            if kind == store.FIFO:
+                seq = key & store.SEQ_MASK
+            elif kind == store.LIFO:
+                seq = store.SEQ_MASK - (key & store.SEQ_MASK)
+            else:
+                seq = key[-1]
+            meta = cache.pop(seq, None)
+            if meta is None:
+                try:
+                    meta = ask.load_meta(seq)
+                except BaseException as exc:
+                    ready.push_many(keys[i:])     # _take_next reads it again, and decides
+                    if not isinstance(exc, Exception):
+                        raise
+                    break
+            elif meta.receive_count == 0:
+                self.cached_bytes -= len(meta.body)
+            if meta.expires_at is not None and meta.expires_at <= now:
+                cache[seq] = meta             # back as it was, for _take_next
+                if meta.receive_count == 0:
+                    self.cached_bytes += len(meta.body)
+                ready.push_many(keys[i:])
+                break
+            meta.receive_count += 1
+            meta.last_received = now
+            if meta.first_received is None:
+                meta.first_received = now
+            entries.append((seq, key, key if kind != store.VALUE else seq, meta))
+        if entries:
+            vt = ask.visibility_timeout
+            got.extend(state.hold_many(entries, ask.holder, None if vt is None else now + vt))
 
     def _take_next(self, ask, moves):
         """Deliver the next ready message to ask.holder (mutex held, a message ready);
@@ -433,6 +528,13 @@ class LocalArbiter:
 
     def ack_op(self, h):
         return store.Ack(self.name, h.seq, h.skey, delivery=_delivery(h))
+
+    def ack_ops(self, holdings):
+        name, ack = self.name, store.Ack
+        return [ack(name, h.seq, h.skey, None,
+                    None if h.claimed else (h.receive_count, h.meta.first_received,
+                                            h.meta.last_received))
+                for h in holdings]
 
     def put_back(self, h, visible_at, now):
         self.committer.submit([self.give_back_op(h, visible_at, now)])

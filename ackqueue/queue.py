@@ -232,6 +232,7 @@ class AckQueue(_stdlib_queue.Queue):
         self.shutdown_immediate = False
         self._closed = False
         self._local = threading.local()
+        self._default_put = None
         self._connections = weakref.WeakSet()
         self._clock = clock = clock or time.time
         self.ack_with_next_get = remote.check_ack_with_next_get(ack_with_next_get, path)
@@ -334,9 +335,13 @@ class AckQueue(_stdlib_queue.Queue):
         a second put with it within the queue's dedup window raises DuplicateMessage, even
         after the first was acknowledged), attributes (up to 10 str: str pairs, returned on
         the Message)."""
-        self._conn().put(item, block, timeout,
-                         opts=self._put_options(priority, delay, retention, attributes),
-                         dedup_id=_dedup_id(dedup_id))
+        if (priority == store.DEFAULT_PRIORITY and type(priority) is int and delay == 0
+                and type(delay) in (int, float) and retention is attributes is dedup_id
+                is None):
+            opts = self._default_put_options()          # the usual put: checked already
+        else:
+            opts = self._put_options(priority, delay, retention, attributes)
+        self._conn().put(item, block, timeout, opts=opts, dedup_id=_dedup_id(dedup_id))
 
     def put_many(self, items, block=True, timeout=None, *, priority=store.DEFAULT_PRIORITY,
                  delay=0, retention=None, dedup_ids=None, attributes=None, encoded=False,
@@ -373,6 +378,16 @@ class AckQueue(_stdlib_queue.Queue):
                                                           attributes, dedup_window),
             dedup_ids=dedup_ids, encoded=encoded, **({} if then is None else {"then": then}))
 
+    def _default_put_options(self):
+        """The PutOptions of a put without options, made once (again if the queue's
+        retention or dedup window was changed since)."""
+        opts = self._default_put
+        if (opts is None or opts.retention != self.retention
+                or opts.dedup_window != self.dedup_window):
+            opts = self._default_put = self._put_options(store.DEFAULT_PRIORITY, 0, None,
+                                                         None)
+        return opts
+
     def _put_options(self, priority, delay, retention, attributes, dedup_window=None):
         return PutOptions(_priority(priority), _seconds(delay, "delay"),
                           self.retention if retention is None else _retention(retention),
@@ -385,6 +400,10 @@ class AckQueue(_stdlib_queue.Queue):
         """Remove and return an item, as queue.Queue.get does; it stays in flight, held by
         the calling thread, until acknowledged with ack() or task_done().  shuffle takes a
         random ready item; max_receives and dead_letter override the queue's policy."""
+        if (visibility_timeout is ... and shuffle is False and max_receives is _UNSET
+                and dead_letter is _UNSET):
+            return self._conn().get(block, timeout, visibility_timeout=self.visibility_timeout,
+                                    policy=self._policy)         # the usual get
         return self._conn().get(block, timeout, **self._get_options(
             visibility_timeout, shuffle, max_receives, dead_letter))
 
@@ -492,7 +511,8 @@ class AckQueue(_stdlib_queue.Queue):
         """Acknowledge a received item (the object get returned, a Message, or its id): it
         leaves the queue for good.  Durable when this returns.  Raises StaleAck if the
         delivery was given back meanwhile (its message may be held by someone else)."""
-        self._conn().ack_holding(self._find(item))
+        own = self._conn()
+        own.ack_holding(self._find(item, own))
 
     def ack_many(self, items, then=None):
         """Acknowledge many received items in one commit: all of them, or (NotHeld,
@@ -503,16 +523,19 @@ class AckQueue(_stdlib_queue.Queue):
         What is not held, or no longer the live delivery, raises at once (NotHeld,
         StaleAck) and nothing is submitted."""
         holdings, seen = [], set()
-        for item in items:
-            h = self._find(item)
+        own = self._conn()
+        items = list(items)
+        for item, h in zip(items, own.find_many(items)):
+            if h is None or h.released is not None:
+                h = self._find(item, own)       # peeked, stale, or another thread's
             if h.token not in seen:
                 seen.add(h.token)
                 holdings.append(h)
         if holdings:
             if then is None:
-                self._conn().ack_many_holdings(holdings)
+                own.ack_many_holdings(holdings)
             else:
-                self._conn().ack_many_holdings(holdings, then=then)
+                own.ack_many_holdings(holdings, then=then)
         elif then is not None:
             then(None)
 
@@ -677,11 +700,13 @@ class AckQueue(_stdlib_queue.Queue):
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _find(self, item):
+    def _find(self, item, own=None):
+        """The delivery item names (own: the calling thread's connection, if known)."""
         if isinstance(item, Message) and item._holding is None:
             raise NotHeld(f"{item!r} was peeked, not received: there is nothing to "
                           "acknowledge")
-        own = self._conn()
+        if own is None:
+            own = self._conn()
         h = own.find(item)
         if h is not None:
             return h

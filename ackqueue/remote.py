@@ -951,6 +951,9 @@ class RemoteConnection(ThreadBound):
                     return h
         return None
 
+    def find_many(self, items):
+        return [self.find(x) for x in items]
+
     def oldest_unacked(self):
         for h in self._holdings.values():
             return h

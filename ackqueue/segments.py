@@ -15,13 +15,17 @@ only when a segment is created or emptied: once per 2**bits messages.
 Conflict resolution runs where the commit lands: in the process for a FileStorage, on the
 server under ZEO (which is why the server needs ackqueue importable).
 """
+import heapq
 import pickle
 import struct
 from collections import namedtuple
+from itertools import repeat
 
 from BTrees.LOBTree import LOBTree
 from persistent import Persistent
 from ZODB.POSException import ConflictError
+
+from .journal import JOURNAL_BATCH, KeyJournal
 
 __all__ = ["SegmentedIndex", "Segment", "KeySet", "KeySegment", "MessageIndex", "Msg"]
 
@@ -128,6 +132,9 @@ class SegmentedIndex(Persistent):
     changes to different keys.  The subset of the BTree API the queue uses."""
 
     segment_class = Segment
+    # Whether a segment emptied by a discard, other than the last one, is unlinked at
+    # once: for an index whose new keys are always above its old ones (sequence numbers).
+    unlink_emptied = False
 
     def __init__(self, bits=6):
         self.bits = bits
@@ -192,20 +199,28 @@ class SegmentedIndex(Persistent):
         bits, segments = self.bits, self.segments
         removed = set()
         number = segment = data = None
+        touched = []
         for key in keys:
             if key >> bits != number:
                 number = key >> bits
                 segment = segments.get(number)
                 data = segment.data if segment is not None else None
+                touched.append((number, segment))
             if data is not None and key in data:
                 segment._p_changed = True
                 del data[key]
                 removed.add(key)
+        if self.unlink_emptied and removed:
+            last = segments.maxKey()
+            for number, segment in touched:
+                if (segment is not None and not segment.data and number != last
+                        and not segment.retired):
+                    self._unlink(number, segment)
         return removed
 
     def add_many(self, keys):
         """add() each key, looking up one segment per run of neighbouring keys."""
-        self._set_many((key, None) for key in keys)
+        self._set_many(zip(keys, repeat(None)))
 
     def _unlink(self, number, segment):
         # The segment is written too, as retired: a concurrent transaction that adds to it
@@ -240,7 +255,13 @@ class SegmentedIndex(Persistent):
         segment._p_changed = True
         # An emptied segment stays linked (the next keys of its run land in it, writing
         # one object instead of a new segment and the tree); compact() drops it later.
+        # Unless no key can land in it any more (unlink_emptied): it is unlinked now,
+        # in the commit that writes it anyway, instead of being written again later.
         del data[key]
+        if not data and self.unlink_emptied:
+            number = key >> self.bits
+            if number != self.segments.maxKey():
+                self._unlink(number, segment)
         return True
 
     # -- ordered iteration ----------------------------------------------------------------
@@ -305,26 +326,171 @@ class KeySet(SegmentedIndex):
     stored in KeySegments of 256 keys: the queue's ready set.  Its segments are 4 times
     as large as a plain index's, so that opening a queue loads 4 times fewer objects (a
     million ready messages: about 3,900 instead of 15,600; that open measured 0.5-0.7 s
-    instead of 1.2-1.9 s).  The price is paid by each commit that changes a segment: it
-    writes up to 2 KB of keys and packs them (with a 5,000-message backlog, put+get+ack
-    cycles without fsync ran about 6% slower than with 64-key segments; 512-key ones
-    cost 16%)."""
+    instead of 1.2-1.9 s).
+
+    A queue's ready set keeps its recent changes in a journal (ackqueue.journal, store
+    format 5) held by journal_holder, the queue's Counters, which every commit that
+    changes the set writes anyway: a put or an ack then writes no segment of the set,
+    only the journal's few runs of keys, and the commit that makes the journal pass its
+    bound folds it into the segments (JOURNAL_KEYS keys: at most a segment or two per 256
+    changes).  Every method here reads and changes the set with its journal: the
+    segments alone are not the set.  A KeySet without a holder (the expiry index's, a
+    ready set not yet migrated) keeps every change in its segments at once."""
 
     segment_class = KeySegment
 
-    def __init__(self, bits=8):
+    journal_holder = None   # an object whose .journal (a KeyJournal) holds recent changes
+
+    def __init__(self, bits=8, journal_holder=None):
         super().__init__(bits)
+        if journal_holder is not None:
+            self.journal_holder = journal_holder
+
+    def keep_journal_in(self, holder):
+        """From now on keep recent changes in holder.journal (the format 5 migration)."""
+        self.journal_holder = holder
+
+    # -- changes --------------------------------------------------------------------------
+
+    def add(self, key):
+        """Add key; True if it was not there."""
+        holder = self.journal_holder
+        if holder is None:
+            return SegmentedIndex.add(self, key)
+        journal = holder.journal
+        if not journal.removed.discard(key):
+            if key in journal.added or SegmentedIndex.__contains__(self, key):
+                return False
+            journal.added.add(key)
+        self._journal_changed(holder, journal)
+        return True
+
+    def discard(self, key):
+        """Remove key if present; True if it was there."""
+        holder = self.journal_holder
+        if holder is None:
+            return SegmentedIndex.discard(self, key)
+        journal = holder.journal
+        if not journal.added.discard(key):
+            if key in journal.removed or not SegmentedIndex.__contains__(self, key):
+                return False
+            journal.removed.add(key)
+        self._journal_changed(holder, journal)
+        return True
+
+    def add_many(self, keys):
+        if not self._journal_takes(keys):
+            self._set_many(zip(keys, repeat(None)))
+            return
+        for key in keys:
+            self.add(key)
+
+    def discard_many(self, keys):
+        if not self._journal_takes(keys):
+            return SegmentedIndex.discard_many(self, keys)
+        discard = self.discard
+        return {key for key in keys if discard(key)}
+
+    def _journal_takes(self, keys):
+        """Whether a batch of changes goes through the journal: not without one, and not
+        a batch of more than JOURNAL_BATCH keys, which writes a segment of the set anyway:
+        the journal is folded and the batch written to the segments at once (one segment
+        lookup per run of neighbours, instead of one journal change per key)."""
+        if self.journal_holder is None:
+            return False
+        if len(keys) <= JOURNAL_BATCH:
+            return True
+        self.fold()
+        return False
 
     def __setitem__(self, key, value):
         if value is not None:
             raise TypeError("a KeySet holds keys only (use add)")
-        super().__setitem__(key, None)
+        self.add(key)
 
     def set_many(self, pairs):
         pairs = list(pairs)
         if any(value is not None for _, value in pairs):
             raise TypeError("a KeySet holds keys only (use add_many)")
-        self._set_many(pairs)
+        self.add_many([key for key, _ in pairs])
+
+    def _journal_changed(self, holder, journal):
+        holder._p_changed = True
+        if journal.full():
+            self.fold()
+
+    def fold(self):
+        """Write the journal's changes into the segments and empty it."""
+        holder = self.journal_holder
+        if holder is None or not holder.journal:
+            return
+        journal = holder.journal
+        self._set_many(zip(journal.added, repeat(None)))
+        SegmentedIndex.discard_many(self, journal.removed)
+        holder.journal = KeyJournal()
+
+    # -- reading --------------------------------------------------------------------------
+
+    def __contains__(self, key):
+        holder = self.journal_holder
+        if holder is None:
+            return SegmentedIndex.__contains__(self, key)
+        journal = holder.journal
+        if key in journal.added:
+            return True
+        return key not in journal.removed and SegmentedIndex.__contains__(self, key)
+
+    def get(self, key, default=None):
+        return None if key in self else default
+
+    def keys(self, min=None):
+        journal = self._journal()
+        if journal is None:
+            yield from SegmentedIndex.keys(self, min)
+            return
+        removed = set(journal.removed)
+        added = [key for key in journal.added if min is None or key >= min]
+        base = SegmentedIndex.keys(self, min)
+        if removed:
+            base = (key for key in base if key not in removed)
+        yield from heapq.merge(base, added) if added else base
+
+    __iter__ = keys
+
+    def key_list(self):
+        out = SegmentedIndex.key_list(self)
+        journal = self._journal()
+        if journal is None:
+            return out
+        if journal.removed:
+            removed = set(journal.removed)
+            out = [key for key in out if key not in removed]
+        if journal.added:
+            out.extend(journal.added)
+            out.sort()                # two sorted runs: timsort merges them in one pass
+        return out
+
+    def items(self):
+        for key in self.keys():
+            yield key, None
+
+    def __len__(self):
+        journal = self._journal()
+        base = SegmentedIndex.__len__(self)
+        return base if journal is None else base - len(journal.removed) + len(journal.added)
+
+    def __bool__(self):
+        journal = self._journal()
+        if journal is None or not journal.removed:
+            return bool(journal and journal.added) or SegmentedIndex.__bool__(self)
+        return len(self) > 0
+
+    def _journal(self):
+        """The journal (None without a holder, or when it is empty)."""
+        holder = self.journal_holder
+        if holder is None:
+            return None
+        return holder.journal or None
 
 
 Msg = namedtuple("Msg", "body priority sent_at receive_count first_received last_received "
@@ -350,6 +516,12 @@ class MessageIndex(SegmentedIndex):
     100-byte item wrote 2.1 KB instead of 5.4 KB (measured), which a fsync'd commit feels.  The index's bits are
     stored with it, so files made with 64 keep working."""
 
+    # New messages always get new, higher sequence numbers: a segment below the last one
+    # that an ack or a delete empties is unlinked in that commit (see discard).  A put
+    # committed after a higher one (several threads, one commit each) may still find its
+    # segment gone: it makes it again.
+    unlink_emptied = True
+
     def __init__(self, bits=4):
         super().__init__(bits)
 
@@ -362,6 +534,11 @@ class MessageIndex(SegmentedIndex):
 
     def set_many(self, pairs):
         self._set_many((key, _stored(value)) for key, value in pairs)
+
+    def set_stored(self, pairs):
+        """set_many of (seq, message) whose message is already as stored (see _stored: a
+        tuple without trailing None fields)."""
+        self._set_many(pairs)
 
     def items(self):
         for key, value in super().items():

@@ -184,6 +184,11 @@ class SharedArbiter:
                        token=os.urandom(16))     # a retried commit is applied once
         return op, None
 
+    def new_messages(self, seqs, pairs, now, opts=DEFAULT_PUT, dedup_ids=None):
+        made = [self.new_message(seq, item, body, now, opts, dedup_id) for
+                seq, (item, body), dedup_id in zip(seqs, pairs, dedup_ids or [None] * len(pairs))]
+        return [op for op, _ in made], [entry for _, entry in made]
+
     def arrive(self, entries):
         self.state.signal_ready(len(entries))
 
@@ -427,6 +432,9 @@ class SharedArbiter:
 
     def ack_op(self, h):
         return store.Ack(self.name, h.seq, h.skey, expect=h.receive_count)
+
+    def ack_ops(self, holdings):
+        return [self.ack_op(h) for h in holdings]
 
     def put_back(self, h, visible_at, now):
         if visible_at is not None and (self._next_promote is None

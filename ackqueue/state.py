@@ -26,6 +26,7 @@ import logging
 import math
 import threading
 from queue import Empty, Full
+from threading import current_thread
 from time import monotonic
 
 import transaction
@@ -174,6 +175,14 @@ class Holding:
         self.claimed = False      # a Claim was sent to the store for this delivery
 
 
+def _notify(condition, count=1):
+    """condition.notify(count) (its lock held), skipped when nobody waits on it: a put, a
+    get and an ack each notify, and threading.Condition.notify is Python code even when
+    there is nobody to wake.  (Condition._waiters is the deque of its waiters.)"""
+    if condition._waiters:
+        condition.notify(count)
+
+
 def check_timeout(timeout, what="timeout"):
     """The stdlib's rule for timeouts, plus a clear error for NaN and non-numbers."""
     if timeout is None:
@@ -289,8 +298,9 @@ class QueueState:
 
     def reserve_put(self, front, count, block, timeout):
         """Wait for room for count messages (queue.Queue's rules) and return their seqs."""
-        with self.not_full:
-            self._wait_for_room(front, count, block, timeout)
+        with self.mutex:
+            if front.maxsize > 0 or front.is_shutdown:
+                self._wait_for_room(front, count, block, timeout)
             self.pending_puts += count
             return self.arbiter.reserve_seqs(count)
 
@@ -323,6 +333,11 @@ class QueueState:
         """The store operation that puts a message, and what makes it visible once durable."""
         return self.arbiter.new_message(seq, item, body, now, opts, dedup_id)
 
+    def new_messages(self, seqs, pairs, now, opts=DEFAULT_PUT, dedup_ids=None):
+        """new_message for each seq, (item, body) and dedup id (None: none), in one pass:
+        ([store operations], [entries])."""
+        return self.arbiter.new_messages(seqs, pairs, now, opts, dedup_ids)
+
     def ack_op(self, h):
         """The store operation that acknowledges delivery h."""
         return self.arbiter.ack_op(h)
@@ -334,7 +349,7 @@ class QueueState:
 
     def _unreserve(self, count):
         self.pending_puts -= count
-        self.not_full.notify(count)
+        _notify(self.not_full, count)
 
     def puts_committed(self, entries):
         """Durable puts become visible: entries are what new_message returned."""
@@ -357,7 +372,7 @@ class QueueState:
 
     def signal_ready(self, count=1):
         """A message may have become ready (mutex held): wake getters and listeners."""
-        self.not_empty.notify(count)
+        _notify(self.not_empty, count)
         for callback in self._listeners:
             try:
                 callback(self.name)
@@ -447,14 +462,37 @@ class QueueState:
             heapq.heappush(self.deadlines, (deadline, holding.token, seq))
             if self.deadlines[0][1] == holding.token:
                 self.reaper_wake.notify()     # the earliest deadline: the reaper's next wake
-        self.not_full.notify()
+        _notify(self.not_full)
         return holding
+
+    def hold_many(self, entries, holder, deadline):
+        """hold() each (seq, key, skey, meta) of entries for one holder with one deadline
+        (mutex held): a get_many's batch in one pass; returns the Holdings."""
+        inflight, tokens = self.inflight, self.tokens
+        held = self.holders.get(holder)
+        if held is None:
+            held = self.holders[holder] = {}
+            if holder.thread_bound and self._reaper_wakes_at > monotonic() + REAP_INTERVAL:
+                self.reaper_wake.notify()     # it must now watch this thread (REAP_INTERVAL)
+        out = []
+        for seq, key, skey, meta in entries:
+            holding = Holding(seq, key, skey, next(tokens), holder, deadline, meta)
+            inflight[seq] = held[seq] = holding
+            out.append(holding)
+        if deadline is not None:
+            first = self.deadlines[0][1] if self.deadlines else None
+            for holding in out:
+                heapq.heappush(self.deadlines, (deadline, holding.token, holding.seq))
+            if self.deadlines[0][1] != first:
+                self.reaper_wake.notify()     # the earliest deadline: the reaper's next wake
+        _notify(self.not_full, len(out))
+        return out
 
     def left(self, count=1):
         """Messages left the queue without an ack (expired, dead-lettered, purged)."""
         self.arbiter.removed(count)
-        self.not_full.notify(count)
-        if not self.unfinished():
+        _notify(self.not_full, count)
+        if self.all_tasks_done._waiters and not self.unfinished():
             self.all_tasks_done.notify_all()
 
     # -- peek, browse, counts, purge, redrive, visibility -----------------------------------
@@ -628,8 +666,10 @@ class QueueState:
         """Mark holdings as being acknowledged; all must be current (else StaleAck)."""
         with self.mutex:
             self.expire_due()         # an ack after its deadline is late, reaped or not
+            inflight = self.inflight
             for h in holdings:
-                self.check_current(h)
+                if inflight.get(h.seq) is not h or h.settling:
+                    self.check_current(h)     # raises StaleAck
             for h in holdings:
                 h.settling = True
 
@@ -645,13 +685,18 @@ class QueueState:
 
     def _settled(self, holdings):
         self.arbiter.removed(len(holdings))
+        inflight, holders = self.inflight, self.holders
         for h in holdings:
-            if self.inflight.get(h.seq) is h:
-                del self.inflight[h.seq]
-                self._forget_holding(h)
+            if inflight.get(h.seq) is h:
+                del inflight[h.seq]
+                held = holders.get(h.holder)          # _forget_holding, inline
+                if held is not None:
+                    held.pop(h.seq, None)
+                    if not held:
+                        del holders[h.holder]
             h.released = "it was acknowledged already"
             h.settling = False
-        if not self.unfinished():
+        if self.all_tasks_done._waiters and not self.unfinished():
             self.all_tasks_done.notify_all()
 
     def ack(self, holding):
@@ -692,7 +737,7 @@ class QueueState:
                 then(None)
 
         try:
-            ticket = self.committer.submit([self.arbiter.ack_op(h) for h in holdings],
+            ticket = self.committer.submit(self.arbiter.ack_ops(holdings),
                                            on_commit=committed, on_fail=failed,
                                            lead=then is None)
         except BaseException:
@@ -792,7 +837,16 @@ class QueueState:
                     break
                 self._give_back(h, "its visibility deadline passed")
         self.arbiter.expire_due(now)
-        for holder in [hd for hd in self.holders if hd.thread_bound and not hd.alive()]:
+        if self.holders:
+            self._reap_ended_threads()
+
+    def _reap_ended_threads(self):
+        """Give back what threads that ended held (mutex held; see expire_due).  The
+        calling thread is alive: its holdings (what a lone thread's ack finds here) are
+        not asked."""
+        me = current_thread()
+        for holder in [hd for hd in self.holders if hd.thread_bound
+                       and (hd._thread is None or hd._thread() is not me) and not hd.alive()]:
             if self.acknowledging or holder.ended_by_exception():
                 self._give_back_all(holder, "the thread that received it ended")
             else:

@@ -6,6 +6,7 @@ Layout, under the database root::
       .queues[name]             QueueRecord (one per named queue)
         .messages[seq]          Msg: the pickled item and its delivery history (inline)
         .ready                  set of store keys: what can be delivered, in delivery order
+                                (its recent changes in .counts' journal, format 5)
         .inflight[seq]          what is out: its deadline (a time.time() float, 0.0 for none)
         .leased[lease id][seq]  the same, for messages claimed through a server: one index per
                                 process, so that consumers in different processes never
@@ -17,27 +18,31 @@ Layout, under the database root::
                                 before it existed have none: DuplicateMessage.original_id
                                 is then None)
         .next_seq               SeqCounter: the next sequence number (never reused)
-        .counts                 Counters: ready/inflight/delayed sizes and lifetime totals
+        .counts                 Counters: ready/inflight/delayed sizes and lifetime totals,
+                                the expiry order marker and the ready set's journal
         .holds[name]            (deadline, reads, packed ids): named durable holds
                                 (ackqueue.holds; made by the first hold)
       .leases[lease id]         LeaseRecord: one per process using the storage through a server
 
 Why this shape:
 - A message is a plain tuple (ackqueue.segments.Msg) kept inline in its index segment: a
-  put writes that segment (its run of 16 neighbours, pickled as one bytes object), a
-  counter and the ready segment, and nothing else.  A body over LARGE_BODY bytes is kept
+  put writes that segment (its run of 16 neighbours, pickled as one bytes object) and the
+  queue's Counters, which hold the ready set's recent changes (ackqueue.journal, format
+  5), and nothing else; an ack writes the same two.  A body over LARGE_BODY bytes is kept
   in a Body record of its own (``.bodies[seq]``), so that big items are not rewritten
   with every change to their neighbours; one over BODY_PART (4 MB) in parts of that size
   (Body.parts, format 3), so that no record reaches ZODB's large-record warning.
 - messages and ready are segmented indexes (ackqueue.segments): runs of neighbouring keys
   per persistent segment (16 messages; 256 ready keys, packed 8 bytes each, so that an
-  open loads few objects), whose conflict resolution merges concurrent changes to
-  different messages, including at the head of the queue, where BTree buckets refuse to
-  merge ("Delete of first key").  So writers that touch different messages (the committer,
-  an application's own connection, other processes through a server) do not conflict,
-  and two claims of one message do.  The other indexes are small BTrees of integers.
-  Sizes and totals live in Counters, which resolves conflicts by adding deltas (like
-  BTrees.Length); SeqCounter resolves by taking the larger.
+  open loads few objects; the ready set's recent changes wait in its journal, folded
+  into these segments once they pass 256 keys), whose conflict resolution (the
+  journal's too) merges concurrent changes to different messages, including at the head
+  of the queue, where BTree buckets refuse to merge ("Delete of first key").  So writers
+  that touch different messages (the committer, an application's own connection, other
+  processes through a server) do not conflict, and two claims of one message do.  The
+  other indexes are small BTrees of integers.  Sizes and totals live in Counters, which
+  resolves conflicts by adding deltas (like BTrees.Length); SeqCounter resolves by
+  taking the larger.
 - A store key orders the ready set: priority first (higher first), then the sequence number
   (FIFO) or its complement (LIFO).  Priority queues ordered by item value use the sequence
   number as store key and order by value in memory (see ackqueue.state).
@@ -83,6 +88,7 @@ from persistent import Persistent
 from ZODB.POSException import ConflictError
 
 from .expiry import ExpiryIndex, NO_ORDER, build as build_expiry_index, split_ordered
+from .journal import ADDED, REMOVED, KeyJournal, merge_states
 from .segments import KeySet, MessageIndex, Msg, SegmentedIndex
 
 from .errors import DuplicateMessage, Refused, StaleAck, UnsupportedFormat
@@ -99,7 +105,7 @@ __all__ = [
 ]
 
 ROOT_KEY = "ackqueue"
-FORMAT = 4          # the version of the layout this code writes (see "The format contract")
+FORMAT = 5          # the version of the layout this code writes (see "The format contract")
 # The format of a catalog that records none.  Catalog has recorded its format since the
 # first commit of ackqueue, so only a catalog made by other means lacks it; it is read
 # as format 1, the only layout it could have.
@@ -138,7 +144,20 @@ def _format_3_to_4(root):
             rec.counts.set_order(marker)
 
 
-MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3, 3: _format_3_to_4}
+def _format_4_to_5(root):
+    """Format 5 keeps the recent changes of each queue's ready set in a journal inside
+    its Counters (ackqueue.journal; segments.KeySet.journal_holder), so that a put or an
+    ack writes two records instead of three.  Each ready set is pointed at its queue's
+    Counters here; its journal starts empty, so nothing else is rewritten.  The version
+    is bumped so that an ackqueue that knows only format 4 (which would read the ready
+    set without its journal) refuses the file."""
+    catalog = root.get(ROOT_KEY)
+    for rec in (catalog.queues.values() if catalog is not None else ()):
+        if isinstance(rec.ready, KeySet) and rec.ready.journal_holder is None:
+            rec.ready.keep_journal_in(rec.counts)
+
+
+MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3, 3: _format_3_to_4, 4: _format_4_to_5}
 
 FIFO, LIFO, VALUE = "fifo", "lifo", "value"
 KINDS = (FIFO, LIFO, VALUE)
@@ -183,7 +202,12 @@ class Counters(Persistent):
     Its state is one bytes object (the values pickled with the standard pickle), for the
     reason Segment gives: ZODB's pickler would otherwise call back into Python for each of
     the 28 names and numbers, in nearly every commit.  States written as a plain dict (by
-    earlier versions) still load and merge."""
+    earlier versions) still load and merge.
+
+    It also holds, because every commit that changes the queue writes it anyway, the
+    expiry order marker (below) and, since format 5, the journal of the queue's ready
+    set (``journal``, ackqueue.journal: the keys added and removed since the set's last
+    fold, stored under two names beside the values; see segments.KeySet)."""
 
     FIELDS = ("ready", "inflight", "delayed", "put", "acked", "redelivered",
               "given_back", "recovered", "expired", "dead_lettered", "dropped", "purged",
@@ -192,6 +216,7 @@ class Counters(Persistent):
 
     def __init__(self):
         self.values = dict.fromkeys(self.FIELDS, 0)
+        self.journal = KeyJournal()
 
     def add(self, **deltas):
         values = self.values
@@ -216,13 +241,19 @@ class Counters(Persistent):
             self._p_changed = True
 
     def __getstate__(self):
-        return pickle.dumps(self.values, protocol=_PICKLE_PROTOCOL)
+        values = self.values
+        if self.journal:
+            values = {**values, **self.journal.stored()}
+        return pickle.dumps(values, protocol=_PICKLE_PROTOCOL)
 
     def __setstate__(self, state):
         self.values = _counter_values(state)
+        self.journal = KeyJournal.take_from(self.values)
 
     def _p_resolveConflict(self, old, committed, new):
         old, committed, new = map(_counter_values, (old, committed, new))
+        journal = merge_states(*({name: state.pop(name) for name in (ADDED, REMOVED)
+                                  if name in state} for state in (old, committed, new)))
         order = [state.pop(self.ORDER, NO_ORDER) for state in (old, committed, new)]
         if order[1] != order[0] and order[2] != order[0]:
             # Two commits each stored ordered messages against the same marker: their
@@ -233,6 +264,7 @@ class Counters(Persistent):
         marker = order[2] if order[2] != order[0] else order[1]
         if marker != NO_ORDER:
             values[self.ORDER] = marker
+        values.update(journal)
         return pickle.dumps(values, protocol=_PICKLE_PROTOCOL)
 
 
@@ -346,11 +378,11 @@ class QueueRecord(Persistent):
         self.kind = kind
         self.created = time.time()
         self.messages = MessageIndex()
-        self.ready = KeySet()
+        self.counts = Counters()
+        self.ready = KeySet(journal_holder=self.counts)
         self.inflight = LOBTree()
         self.delayed = LOBTree()
         self.next_seq = SeqCounter()
-        self.counts = Counters()
         self.expiry = ExpiryIndex()
 
     def body_of(self, seq, msg):
@@ -372,12 +404,29 @@ class QueueRecord(Persistent):
         if self.expiry is not None and fields.get("expires_at") is not None:
             self._index_expiry([(seq, fields["expires_at"])])
 
+    def add_put(self, op):
+        """Store the message of one Put operation (add_message, without its keywords: the
+        one-message put of every single put)."""
+        body = op.body if len(op.body) <= LARGE_BODY else self._inline(op.seq, op.body)
+        self.messages[op.seq] = (body, op.priority, op.sent_at, 0, None, None, None,
+                                 op.expires_at, op.attributes)
+        if self.expiry is not None and op.expires_at is not None:
+            self._index_expiry(((op.seq, op.expires_at),))
+
     def add_puts(self, puts):
         """Store the messages of Put operations (add_message for each, in one pass)."""
-        self.messages.set_many(
-            (op.seq, (self._inline(op.seq, op.body), op.priority, op.sent_at, 0, None, None,
-                      None, op.expires_at, op.attributes))
-            for op in puts)
+        stored = []
+        for op in puts:
+            body = op.body if len(op.body) <= LARGE_BODY else self._inline(op.seq, op.body)
+            if op.attributes is not None:
+                msg = (body, op.priority, op.sent_at, 0, None, None, None, op.expires_at,
+                       op.attributes)
+            elif op.expires_at is not None:
+                msg = (body, op.priority, op.sent_at, 0, None, None, None, op.expires_at)
+            else:
+                msg = (body, op.priority, op.sent_at, 0, None, None, None)
+            stored.append((op.seq, msg))
+        self.messages.set_stored(stored)
         if self.expiry is not None:
             self._index_expiry([(op.seq, op.expires_at) for op in puts])
 
@@ -459,7 +508,10 @@ class QueueRecord(Persistent):
 
     def _unexpire(self, seqs):
         """Take messages about to be deleted out of the expiry index (reading each one's
-        stored tuple as it is: this runs with every ack)."""
+        stored tuple as it is: this runs with every ack).  Messages put in deadline order
+        have no entry (expiry.py); an index without entries is not read."""
+        if not self.expiry.slots:
+            return
         get, missing = SegmentedIndex.get, ()
         pairs = []
         for seq in seqs:
@@ -558,7 +610,7 @@ class QueueRecord(Persistent):
                     receive_count=m.receive_count, first_received=m.first_received,
                     last_received=m.last_received)
         if not isinstance(self.ready, SegmentedIndex):
-            ready = KeySet()
+            ready = KeySet(journal_holder=self.counts)
             for key in self.ready:
                 ready.add(key)
             self.ready, changed = ready, True
@@ -716,8 +768,24 @@ def apply_unit(root, ops):
     A run of neighbouring operations of one class on one queue is applied by the class's
     apply_run when it has one (a batch of puts or acks: the queue, its counters and each
     index segment are looked up once per run instead of once per message)."""
-    for op in ops:
-        op.check(root)
+    runs = _runs(ops)
+    for cls, start, stop in runs:
+        if stop - start > 1 and cls.check_run is not None:
+            cls.check_run(root, ops[start:stop])
+        else:
+            for op in ops[start:stop]:
+                op.check(root)
+    for cls, start, stop in runs:
+        if stop - start > 1:
+            cls.apply_run(root, ops[start:stop])
+        else:
+            ops[start].apply(root)
+
+
+def _runs(ops):
+    """(class, start, stop) of each run of neighbouring operations of one class on one
+    queue that the class applies together (apply_run), and of each other operation."""
+    runs = []
     start, end = 0, len(ops)
     while start < end:
         op = ops[start]
@@ -725,11 +793,9 @@ def apply_unit(root, ops):
         if cls.apply_run is not None:
             while stop < end and type(ops[stop]) is cls and ops[stop].name == op.name:
                 stop += 1
-        if stop - start > 1:
-            cls.apply_run(root, ops[start:stop])
-        else:
-            op.apply(root)
+        runs.append((cls, start, stop))
         start = stop
+    return runs
 
 
 class ClaimLost(Refused):
@@ -744,6 +810,7 @@ class _Op:
     __slots__ = ()
 
     apply_run = None    # or a classmethod applying a run of ops (see apply_unit)
+    check_run = None    # or a classmethod checking a run of ops (see apply_unit)
 
     def check(self, root):
         """Raise Refused if this operation must not be applied (the default: always apply)."""
@@ -778,6 +845,12 @@ class Put(_Op):
         seen = rec.put_tokens.get(self.token)
         return None if seen is None else seen[0]
 
+    @classmethod
+    def check_run(cls, root, puts):
+        for op in puts:
+            if op.dedup_id is not None:
+                op.check(root)
+
     def check(self, root):
         if self.dedup_id is None:
             return
@@ -797,11 +870,12 @@ class Put(_Op):
 
     def apply(self, root):
         rec = _queue(root, self.name)
-        earlier = self._applied_before(rec)
-        if earlier is not None:               # a retry of a commit that did go through
-            self.seq = earlier
-            self.key = store_key(rec.kind, self.priority, earlier)
-            return
+        if self.token is not None:
+            earlier = self._applied_before(rec)
+            if earlier is not None:           # a retry of a commit that did go through
+                self.seq = earlier
+                self.key = store_key(rec.kind, self.priority, earlier)
+                return
         if self.numbered:
             self.seq = rec.next_seq.take()
             self.key = store_key(rec.kind, self.priority, self.seq)
@@ -810,8 +884,7 @@ class Put(_Op):
             # is moved a block ahead at a time, so that it is written once per SEQ_BLOCK
             # puts; the next open starts after the block (numbers are never reused).
             rec.next_seq.advance_past(self.seq + SEQ_BLOCK - 1)
-        rec.add_message(self.seq, self.body, self.priority, self.sent_at,
-                        expires_at=self.expires_at, attributes=self.attributes)
+        rec.add_put(self)
         rec.make_ready(self.seq, self.key, self.visible_at, put=1)
         if self.dedup_id is not None:
             rec.remember_dedup(self.dedup_id, self.dedup_until, self.seq)
@@ -820,10 +893,11 @@ class Put(_Op):
 
     @classmethod
     def apply_run(cls, root, puts):
-        if any(op.numbered for op in puts):   # numbered by the store, one after the other
-            for op in puts:
-                op.apply(root)
-            return
+        for op in puts:
+            if op.numbered:                   # numbered by the store, one after the other
+                for op in puts:
+                    op.apply(root)
+                return
         rec = _queue(root, puts[0].name)
         value = rec.next_seq.value            # moved as apply() moves it, op by op
         for op in puts:
@@ -958,7 +1032,14 @@ class Ack(_Op):
         self.delivery = delivery
 
     def check(self, root):
-        _check_delivery(root, self.name, self.seq, self.expect, "the acknowledgement")
+        if self.expect is not None:
+            _check_delivery(root, self.name, self.seq, self.expect, "the acknowledgement")
+
+    @classmethod
+    def check_run(cls, root, acks):
+        for op in acks:
+            if op.expect is not None:
+                op.check(root)
 
     def apply(self, root):
         rec = _queue(root, self.name)

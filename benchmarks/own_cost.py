@@ -6,10 +6,16 @@ of 100 (scenario (d)).  It reports, per phase:
 
 - records per commit, bytes per commit and the classes written, read back from the .fs
   with ZODB's FileStorage iterator (what the storage really stored);
-- Python function calls per item (cProfile's count, profiler on; a measure of frames, not
-  of time), and the top functions by own time with --top.
+- Python function calls per item (cProfile's count, profiler on, in the calling thread
+  only; a measure of frames, not of time), and the top functions by own time with --top.
+
+With --cpu it measures instead the CPU time (user + system, of the whole process) per item
+of the same phases without fsync (ackqueue with durability="os", the lean queue and the
+floor on the same OS-durable FileStorage), the least of --reps fresh runs: what each
+spends around the disk, less sensitive to the disk and the machine's load than rates.
 
     python -m benchmarks.own_cost [--n 400] [--top 15]
+    python -m benchmarks.own_cost --cpu [--n 3000] [--reps 3]
 """
 import argparse
 import collections
@@ -17,6 +23,7 @@ import cProfile
 import os
 import pstats
 import tempfile
+import time
 
 from ZODB.FileStorage import FileStorage
 from ZODB.utils import get_pickle_metadata
@@ -172,11 +179,76 @@ def _top(stats, top):
             for (f, line, name), (cc, nc, tt, ct, callers) in rows]
 
 
+class _AckOS(_Ack):
+    label = "ackqueue (durability os)"
+
+    def __init__(self, path):
+        from ackqueue import AckQueue
+        self.q = AckQueue(path=path, durability="os")
+
+
+class _LeanOS(_Lean):
+    """The lean queue on a FileStorage that commits as ackqueue's durability="os" does
+    (its _finish_finish: the same commit, without the fsync)."""
+
+    label = "ZODB lean (no fsync)"
+
+    def __init__(self, path):
+        from ackqueue.storage import OSDurableFileStorage
+        from benchmarks import lean
+
+        class NoFsync(FileStorage):         # not ackqueue's file check: FileStorage's own
+            _finish_finish = OSDurableFileStorage.__dict__["_finish_finish"]
+
+        real = lean.FileStorage
+        lean.FileStorage = NoFsync
+        try:
+            super().__init__(path)
+        finally:
+            lean.FileStorage = real
+
+
+class _FloorOS(_Floor):
+    label = "floor (durability os)"
+
+    def __init__(self, path):
+        from benchmarks.contenders.ackqueue_floor import FloorAdapter
+        self._adapter = FloorAdapter(os.path.dirname(path), durability="os")
+        self.q = self._adapter.q
+
+
+def cpu(kind, n, reps):
+    """{phase: least CPU seconds per item over reps fresh runs} of one contender."""
+    best = {}
+    for _ in range(reps):
+        with tempfile.TemporaryDirectory(dir=os.environ.get("OWN_COST_TMP")) as d:
+            q = kind(os.path.join(d, getattr(kind, "file_name", "q.fs")))
+            try:
+                for phase, count, run in _phases(q, n):
+                    start = time.process_time()
+                    run()
+                    per_item = (time.process_time() - start) / count
+                    best[phase] = min(best.get(phase, per_item), per_item)
+            finally:
+                q.close()
+    return best
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--top", type=int, default=0)
+    p.add_argument("--cpu", action="store_true",
+                   help="CPU time per item without fsync, least of --reps runs")
+    p.add_argument("--reps", type=int, default=3)
     args = p.parse_args(argv)
+    if args.cpu:
+        for kind in (_AckOS, _LeanOS, _FloorOS):
+            res = cpu(kind, args.n, args.reps)
+            print(f"== {kind.label}: CPU us per item (least of {args.reps})")
+            for phase, seconds in res.items():
+                print(f"  {phase:28s} {seconds * 1e6:8.1f}")
+        return
     for kind in (_Ack, _Lean, _Floor):
         res = measure(kind, args.n, args.top)
         print(f"== {kind.label}")

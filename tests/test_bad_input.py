@@ -523,6 +523,12 @@ BAD_CALLS = [
      "visibility_timeout"),
     ("get_message visibility negative",
      lambda q, h: q.get_message(visibility_timeout=-1), ValueError, "visibility_timeout"),
+    # put() and get() without options take a shorter path: what only looks like a
+    # default must still be refused there
+    ("put delay False", lambda q, h: q.put("z", delay=False), TypeError, "delay"),
+    ("put priority 100.0", lambda q, h: q.put("z", priority=100.0), TypeError, "priority"),
+    ("put priority True", lambda q, h: q.put("z", priority=True), TypeError, "priority"),
+    ("get shuffle None", lambda q, h: q.get(shuffle=None), TypeError, "shuffle"),
     ("nack delay negative", lambda q, h: q.nack(h, delay=-1), ValueError, "delay"),
     ("nack delay nan", lambda q, h: q.nack(h, delay=NAN), ValueError, "delay"),
     ("nack delay str", lambda q, h: q.nack(h, delay="x"), TypeError, "delay"),

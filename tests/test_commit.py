@@ -114,3 +114,22 @@ def test_another_thread_leads_once_the_first_has_been_quiet(committer, gap, lead
         hold.set()
     assert where[0] is first
     assert where[1] is (second if leads else committer._thread)
+
+
+def test_a_ticket_wait_times_out_before_its_commit_and_every_waiter_wakes_after(committer):
+    """A ticket's done flag (a bare lock, not a threading.Event): wait(timeout) returns
+    False while the unit is not settled, and every thread waiting is released once it is."""
+    from ackqueue.commit import Ticket
+    ticket = Ticket([])
+    assert ticket._done.wait(0) is False and ticket._done.wait(0.001) is False
+    woken = []
+    waiters = [threading.Thread(target=lambda: woken.append(ticket.wait(30)))
+               for _ in range(3)]
+    for t in waiters:
+        t.start()
+    ticket._settle(None)
+    ticket._settle(None)              # a second settle changes nothing
+    for t in waiters:
+        t.join(30)
+    assert woken == [True, True, True] and ticket._done.is_set()
+    assert ticket.wait(0) is True

@@ -447,6 +447,21 @@ def test_retention_of_the_queue_and_per_put_override(env):
     assert q.stats()["expired"] == 3
 
 
+def test_a_put_without_options_uses_the_queue_retention_in_force(env):
+    """A put without options reuses one PutOptions, made again when the queue's
+    retention or dedup window was changed since."""
+    clock = FakeClock()
+    q = env.open(clock=clock, retention=60)
+    q.put("first")
+    q.retention = 30.0
+    q.put("second")
+    clock.advance(31)                             # "second" expired, "first" not
+    assert [m.body for m in (q.get_message(block=False),)] == ["first"]
+    with pytest.raises(Empty):
+        q.get_nowait()
+    assert q.stats()["expired"] == 1
+
+
 def test_retention_of_a_delayed_message_counts_from_put_time(env):
     clock = FakeClock()
     q = env.open(clock=clock)
@@ -820,6 +835,46 @@ def test_get_messages_returns_messages(env):
     assert [m.receive_count for m in again] == [2, 2, 1]
     with pytest.raises(StaleAck):
         q.ack(messages[0])
+
+
+def test_get_many_steps_over_a_message_past_its_retention_in_its_batch(env):
+    """A get_many takes its batch in one pass, which stops at a message past its
+    retention: that one is taken out (expired), and the batch goes on after it."""
+    clock = FakeClock()
+    q = env.open(clock=clock)
+    q.put_many(["a", "b"])
+    q.put("short", retention=10)
+    q.put_many(["c", "d"])
+    clock.advance(11)
+    got = q.get_messages(10)
+    assert bodies(got) == ["a", "b", "c", "d"]
+    assert [m.receive_count for m in got] == [1, 1, 1, 1]
+    assert q.stats()["expired"] == 1 and q.unfinished_tasks == 4
+    q.ack_many(got)
+    assert q.unfinished_tasks == 0
+
+
+def test_get_many_of_a_backlog_left_by_an_earlier_process(tmp_path):
+    """Messages put before the queue was reopened are read from the store (not from
+    this process's memory), batch after batch, in order."""
+    path = tmp_path / "q.fs"
+    with AckQueue(path=path) as q:
+        q.put_many(range(150))
+    with AckQueue(path=path) as q:
+        first = q.get_messages(120)
+        assert bodies(first) == list(range(120))
+        assert [m.receive_count for m in first] == [1] * 120
+        q.ack_many(first)
+        assert q.get_many(100) == list(range(120, 150))
+    with AckQueue(path=path) as q:
+        assert q.qsize() == 30                  # the second batch was never acknowledged
+
+
+def test_a_lifo_get_many_takes_the_newest_first(env):
+    q = env.open(AckLifoQueue)
+    q.put_many(range(5))
+    assert q.get_many(3) == [4, 3, 2]
+    assert q.get_many(3) == [1, 0]
 
 
 def test_get_many_waits_for_at_least_one(env):

@@ -105,6 +105,28 @@ def test_a_queue_file_deleted_or_replaced_while_open_refuses_writes(tmp_path, ho
             again.task_done()
 
 
+def test_after_a_pack_the_new_file_is_the_one_watched(tmp_path):
+    """A pack replaces the open file by the packed one: the check compares the path with
+    the new open file (read once per file object), so writes go on, and a deletion of
+    the packed file is still caught."""
+    from ackqueue import AckQueue, QueueFileGone
+    path = tmp_path / "q.fs"
+    q = AckQueue(path=path)
+    try:
+        q.put_many(range(10))
+        for _ in range(5):
+            q.ack(q.get())
+        before = os.stat(path).st_ino
+        q.pack()
+        assert os.stat(path).st_ino != before       # the packed file is another file
+        q.put("after the pack")                     # refused if the old file were watched
+        os.remove(path)
+        with pytest.raises(QueueFileGone):
+            q.put("after the deletion")
+    finally:
+        q.close()
+
+
 # -- 7c. a 50 MB item: no warning about large records ----------------------------------------
 
 def _big_item():

@@ -3,8 +3,10 @@ import pytest
 import transaction
 import ZODB
 from ZODB.FileStorage import FileStorage
+from ZODB.MappingStorage import MappingStorage
 from ZODB.POSException import ConflictError
 
+from ackqueue import AckQueue, store
 from ackqueue.segments import KeySet, SegmentedIndex
 
 
@@ -162,3 +164,47 @@ def test_a_key_set_packs_its_keys_and_holds_nothing_else(tmp_path):
         KeySet()[1] = "a value"
     with pytest.raises(TypeError):
         KeySet().set_many([(1, None), (2, "a value")])
+
+
+# -- the message index unlinks a segment an ack empties, unless it is the last ----------
+
+def test_an_ack_that_empties_an_old_message_segment_unlinks_it_in_that_commit(tmp_path):
+    """No Compact commit has to write it again later (the last segment stays, for the
+    next puts)."""
+    with AckQueue(path=str(tmp_path / "q.fs")) as q:
+        q.put_many(range(40))                   # seqs 1-40: segments 0, 1 and 2
+        for _ in range(15):                     # seqs 1-15: all of segment 0
+            q.ack(q.get())
+        tm, conn = q._state.snapshot()
+        try:
+            numbers = list(conn.root()[store.ROOT_KEY].queues["default"].messages
+                           .segments.keys())
+        finally:
+            tm.abort()
+            conn.close()
+    assert numbers == [1, 2]
+
+
+def test_a_put_into_a_message_segment_unlinked_meanwhile_makes_it_again():
+    """Several threads commit their puts one by one: a lower seq may arrive after its
+    segment was emptied and unlinked."""
+    db = ZODB.DB(MappingStorage())
+    try:
+        def put(seq):
+            return store.Put("q", seq, store.store_key(store.FIFO, 100, seq), b"x", 100, 1.0)
+        with db.transaction() as conn:
+            store.ensure_queue(conn.root(), "q", store.FIFO)
+            store.apply_unit(conn.root(), [put(1), put(2), put(20)])
+        with db.transaction() as conn:
+            store.apply_unit(conn.root(), [store.Ack("q", 1, put(1).key),
+                                           store.Ack("q", 2, put(2).key)])
+            assert list(conn.root()[store.ROOT_KEY].queues["q"].messages.segments) == [1]
+        with db.transaction() as conn:
+            store.apply_unit(conn.root(), [put(3)])
+        with db.transaction() as conn:
+            rec = conn.root()[store.ROOT_KEY].queues["q"]
+            assert [seq for seq, _ in rec.messages.items()] == [3, 20]
+            assert list(rec.ready) == [put(3).key, put(20).key]
+            assert rec.counts.get("ready") == 2
+    finally:
+        db.close()

@@ -1,15 +1,17 @@
-"""A floor under ackqueue (fsync), not a product: the same code path with the two writes
-that every put and ack commit makes beside the message segment switched off (issue 28.1).
+"""A floor under ackqueue (fsync), not a product: the same code path with every write that
+a put or an ack commit makes beside the message segment switched off (issue 28.1).
 
-ackqueue's commits write three records where the lean queue writes one: the message's
-index segment (as the lean queue does), the segment of the ready set that holds its key
-(what lets a queue reopen without a scan) and the queue's Counters (sizes and lifetime
-totals, exact after a crash; what processes sharing a server watch to wake getters).
-This contender replaces KeySet.add/add_many and Counters.add with no-ops while it is open,
-so its commits write the message segment alone: the distance from it to ackqueue (fsync)
-in one run is what those two guarantees cost, and the distance from it to the lean queue
-is what is left of ackqueue's own Python (deliveries, deadlines, give-back on thread
-death, ...).  A file it wrote has no ready set and wrong counters: never reopen one.
+Since store format 5 ackqueue's put and ack commits write two records where the lean
+queue writes one: the message's index segment (as the lean queue does) and the queue's
+Counters (sizes and lifetime totals, exact after a crash; the expiry order marker; the
+journal of the ready set, which lets a queue reopen without a scan; what processes
+sharing a server watch to wake getters).  This contender replaces the ready set's
+changes (KeySet.add/add_many/discard/discard_many), Counters.add and
+Counters.set_order with no-ops while it is open, so its commits write the message
+segment alone: the distance from it to ackqueue (fsync) in one run is what that second
+record costs, and the distance from it to the lean queue is what is left of ackqueue's
+own Python (deliveries, deadlines, give-back on thread death, ...).  A file it wrote has
+no ready set and wrong counters: never reopen one.
 """
 from benchmarks.contenders.ackqueue import AckQueueAdapter
 from benchmarks.contenders.base import Contender
@@ -18,16 +20,20 @@ from benchmarks.contenders.base import Contender
 class FloorAdapter(AckQueueAdapter):
     """ackqueue (fsync) without the ready-set and counter writes (see the module doc)."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, **options):
         from ackqueue import segments, store
         self._patched = [(segments.KeySet, "add"), (segments.KeySet, "add_many"),
-                         (store.Counters, "add")]
+                         (segments.KeySet, "discard"), (segments.KeySet, "discard_many"),
+                         (store.Counters, "add"), (store.Counters, "set_order")]
         self._saved = [(cls, name, cls.__dict__.get(name)) for cls, name in self._patched]
         segments.KeySet.add = lambda self, key: True
         segments.KeySet.add_many = lambda self, keys: None
+        segments.KeySet.discard = lambda self, key: True
+        segments.KeySet.discard_many = lambda self, keys: set()
         store.Counters.add = lambda self, **deltas: None
+        store.Counters.set_order = lambda self, marker: None
         try:
-            super().__init__(directory)
+            super().__init__(directory, **options)
         except BaseException:
             self._restore()
             raise
@@ -49,6 +55,7 @@ class FloorAdapter(AckQueueAdapter):
 
 CONTENDER = Contender(
     "ackqueue-floor", "ackqueue, no ready/counter writes (floor)", FloorAdapter,
-    "a floor, not a product: ackqueue (fsync) with the ready-set and counter writes "
-    "switched off, so each commit writes the message segment alone", fast=False,
+    "a floor, not a product: ackqueue (fsync) with the ready-set, counter and expiry "
+    "marker writes switched off, so each commit writes the message segment alone",
+    fast=False,
     family="ackqueue")

@@ -1,0 +1,297 @@
+"""The ready set's journal (store format 5): the set's recent changes kept in the queue's
+Counters, as runs of keys, and folded into its segments.  Real ZODB storages, real
+concurrent commits from two connections, a real SIGKILL."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import transaction
+import ZODB
+from ZODB.FileStorage import FileStorage
+from ZODB.POSException import ConflictError
+from ZODB.utils import get_pickle_metadata
+
+from ackqueue import AckQueue, journal, store
+from ackqueue.journal import KeyJournal, KeyRuns
+from ackqueue.segments import KeySet
+
+
+# -- runs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(5))
+def test_runs_hold_the_same_keys_as_a_set(seed):
+    rng = random.Random(seed)
+    runs, model = KeyRuns(), set()
+    for _ in range(3000):
+        key = rng.randrange(200)
+        if rng.random() < 0.55:
+            assert runs.add(key) == (key not in model)
+            model.add(key)
+        else:
+            assert runs.discard(key) == (key in model)
+            model.discard(key)
+        assert len(runs) == len(model)
+    assert list(runs) == sorted(model)
+    assert all((key in runs) == (key in model) for key in range(-1, 202))
+    again = KeyRuns(runs.flat())                    # as stored, and read back
+    assert list(again) == sorted(model) and len(again) == len(model)
+    starts, ends = again.starts, again.ends         # disjoint, sorted, never touching
+    assert all(e < s for e, s in zip(ends, starts[1:])) and all(s < e for s, e in
+                                                                zip(starts, ends))
+
+
+def test_neighbouring_keys_are_stored_as_one_run():
+    runs = KeyRuns()
+    for key in range(1000, 1300):
+        runs.add(key)
+    for key in range(1000, 1100):
+        runs.discard(key)
+    assert runs.flat() == (1100, 1300)
+
+
+# -- a journaled key set is the set it stands for ----------------------------------------
+
+def journaled(root):
+    root["counts"] = counts = store.Counters()
+    root["ready"] = ready = KeySet(bits=3, journal_holder=counts)
+    return ready
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_journaled_set_reads_as_the_set_its_changes_make(tmp_path, monkeypatch, seed):
+    """Random adds and removes, committed one by one and read back from a reopened file:
+    membership, order, length and key_list are the set's, whatever the journal holds and
+    however often it was folded (small bounds here, to fold often)."""
+    monkeypatch.setattr(journal, "JOURNAL_KEYS", 12)
+    monkeypatch.setattr(journal, "JOURNAL_RUNS", 4)
+    rng = random.Random(seed)
+    path = str(tmp_path / "set.fs")
+    db = ZODB.DB(FileStorage(path))
+    model, folded = set(), 0
+    with db.transaction() as conn:
+        journaled(conn.root())
+    for _ in range(400):
+        with db.transaction() as conn:
+            ready = conn.root()["ready"]
+            before = bool(ready.journal_holder.journal)
+            key = rng.randrange(100)
+            if rng.random() < 0.5:
+                assert ready.add(key) == (key not in model)
+                model.add(key)
+            else:
+                assert ready.discard(key) == (key in model)
+                model.discard(key)
+            folded += before and not ready.journal_holder.journal
+    db.close()
+    assert folded > 5                       # the bounds were reached, again and again
+    db = ZODB.DB(FileStorage(path, read_only=True))
+    try:
+        ready = db.open().root()["ready"]
+        assert list(ready) == ready.key_list() == sorted(model)
+        assert len(ready) == len(model) and bool(ready) == bool(model)
+        assert all((key in ready) == (key in model) for key in range(100))
+        assert list(ready.keys(min=50)) == sorted(k for k in model if k >= 50)
+    finally:
+        db.close()
+
+
+def test_a_batch_goes_to_the_segments_and_small_changes_to_the_journal(tmp_path):
+    db = ZODB.DB(FileStorage(str(tmp_path / "set.fs")))
+    try:
+        with db.transaction() as conn:
+            ready = journaled(conn.root())
+            ready.add(1)
+            ready.add_many(list(range(100, 100 + journal.JOURNAL_BATCH + 1)))
+            assert not ready.journal_holder.journal     # folded, then written at once
+            assert SegmentedKeys(ready) == [1] + list(range(100, 117))
+            ready.discard(1)
+            ready.add(2)
+            assert ready.journal_holder.journal.stored() == {journal.ADDED: (2, 3),
+                                                             journal.REMOVED: (1, 2)}
+            assert list(ready) == [2] + list(range(100, 117))
+    finally:
+        db.close()
+
+
+def SegmentedKeys(ready):
+    """The keys in the set's segments alone (without its journal)."""
+    from ackqueue.segments import SegmentedIndex
+    return SegmentedIndex.key_list(ready)
+
+
+# -- concurrent changes merge in the Counters, as they did in the segments ---------------
+
+@pytest.fixture
+def two(tmp_path):
+    """Two connections of one FileStorage database on one journaled set holding
+    1, 2, 3 and 9 in its segments and 20 in its journal."""
+    db = ZODB.DB(FileStorage(str(tmp_path / "seg.fs")))
+    with db.transaction() as conn:
+        ready = journaled(conn.root())
+        ready.add_many([1, 2, 3, 9] + [100 + i for i in range(journal.JOURNAL_BATCH)])
+        ready.discard_many([100 + i for i in range(journal.JOURNAL_BATCH)])
+        ready.fold()
+        ready.add(20)
+    managers = [transaction.TransactionManager() for _ in range(2)]
+    conns = [db.open(transaction_manager=tm) for tm in managers]
+    yield [(tm, conn.root()["ready"]) for tm, conn in zip(managers, conns)]
+    for tm in managers:
+        tm.abort()
+    db.close()
+
+
+def keys_after(pair):
+    tm, ready = pair
+    tm.begin()
+    return list(ready)
+
+
+def test_concurrent_changes_of_different_keys_merge(two):
+    (tm_a, a), (tm_b, b) = two
+    a.discard(1)                 # the head, from the segments
+    a.add(5)
+    b.discard(20)                # from the journal
+    b.discard(2)
+    b.add(6)
+    tm_a.commit()
+    tm_b.commit()                # a conflict on the Counters, resolved by the journals
+    assert keys_after(two[0]) == [3, 5, 6, 9]
+
+
+@pytest.mark.parametrize("change, key", [("discard", 1), ("discard", 20), ("add", 5)])
+def test_two_changes_of_one_key_conflict(two, change, key):
+    """Two claims of one message (removals) or two adds of one key must not both win."""
+    (tm_a, a), (tm_b, b) = two
+    getattr(a, change)(key)
+    getattr(b, change)(key)
+    tm_a.commit()
+    with pytest.raises(ConflictError):
+        tm_b.commit()
+
+
+def test_a_fold_beside_a_change_of_a_folded_key_conflicts_and_the_retry_lands(two):
+    (tm_a, a), (tm_b, b) = two
+    a.fold()                     # 20 moves to the segments
+    b.discard(20)                # from the journal, as b still sees it
+    tm_a.commit()
+    with pytest.raises(ConflictError):
+        tm_b.commit()
+    tm_b.abort()
+    tm_b.begin()
+    assert b.discard(20)         # now from the segments
+    tm_b.commit()
+    assert keys_after(two[0]) == [1, 2, 3, 9]
+
+
+def test_a_fold_beside_a_change_of_another_key_merges(two):
+    (tm_a, a), (tm_b, b) = two
+    a.fold()
+    b.discard(3)
+    b.add(7)
+    tm_a.commit()
+    tm_b.commit()
+    assert keys_after(two[0]) == [1, 2, 7, 9, 20]
+
+
+# -- what a queue writes -----------------------------------------------------------------
+
+def records_of_last_transaction(path):
+    storage = FileStorage(path, read_only=True)
+    try:
+        last = None
+        for txn in storage.iterator():
+            last = sorted(get_pickle_metadata(rec.data)[1] for rec in txn)
+        return last
+    finally:
+        storage.close()
+
+
+def test_a_put_and_an_ack_each_write_the_message_segment_and_the_counters(tmp_path):
+    """Before format 5 each wrote a third record, the ready set's segment (KeySegment)."""
+    path = str(tmp_path / "q.fs")
+    with AckQueue(path=path) as q:
+        q.put_many(range(20))                   # the segments exist: nothing is created
+        q.put("one")
+        written_by_put = records_of_last_transaction(path)
+        q.ack(q.get())
+        written_by_ack = records_of_last_transaction(path)
+    assert written_by_put == ["Counters", "Segment"]
+    assert written_by_ack == ["Counters", "Segment"]
+
+
+# -- the format 4 file, and a crash ---------------------------------------------------------
+
+def to_format_4(root):
+    """What format 4 wrote: ready sets whose every change is in their segments."""
+    catalog = root[store.ROOT_KEY]
+    for rec in catalog.queues.values():
+        rec.ready.fold()
+        del rec.ready.journal_holder            # back to the class default, None
+    catalog.format = 4
+
+
+def test_a_format_4_file_is_migrated_on_open(tmp_path):
+    path = str(tmp_path / "q.fs")
+    with AckQueue(path=path) as q:
+        q.put_many(range(30))
+        for _ in range(3):
+            q.ack(q.get())
+    db = ZODB.DB(FileStorage(path))
+    with db.transaction() as conn:
+        to_format_4(conn.root())
+    db.close()
+    with AckQueue(path=path) as q:
+        assert q.qsize() == 27
+        q.put("new")
+        assert [q.get() for _ in range(28)] == list(range(3, 30)) + ["new"]
+    db = ZODB.DB(FileStorage(path, read_only=True))
+    try:
+        catalog = db.open().root()[store.ROOT_KEY]
+        rec = catalog.queues["default"]
+        assert catalog.format == store.FORMAT == 5
+        assert rec.ready.journal_holder is rec.counts
+        assert rec.counts.journal                       # the new put is in the journal
+    finally:
+        db.close()
+
+
+def test_a_sigkill_with_changes_in_the_journal_loses_none_of_them(tmp_path):
+    path = str(tmp_path / "q.fs")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import os, signal, sys
+        from ackqueue import AckQueue
+        q = AckQueue(path=sys.argv[1])
+        q.put_many(range(20))       # in the segments (a batch)
+        for i in range(20, 30):
+            q.put(i)                # in the journal
+        for _ in range(5):
+            q.ack(q.get())          # 0-4, in the journal
+        print("done", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """), path], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    db = ZODB.DB(FileStorage(path, read_only=True))
+    try:
+        counts = db.open().root()[store.ROOT_KEY].queues["default"].counts
+        assert len(counts.journal.added) == 10 and len(counts.journal.removed) == 5
+    finally:
+        db.close()
+    with AckQueue(path=path) as q:
+        assert q.qsize() == 25
+        stats = q.stats()
+        assert (stats["put"], stats["acked"]) == (30, 5)
+        assert [q.get() for _ in range(25)] == list(range(5, 30))
+
+
+def test_counters_without_a_journal_store_what_they_stored_before():
+    counts = store.Counters()
+    counts.add(put=1)
+    plain = counts.__getstate__()
+    counts.journal.added.add(7)
+    assert counts.__getstate__() != plain
+    counts.journal = KeyJournal()
+    assert counts.__getstate__() == plain
