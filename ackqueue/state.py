@@ -206,7 +206,8 @@ def sweep_due(rec, now):
         due = [seq for seq, msg in rec.messages.items()
                if msg.expires_at is not None and msg.expires_at <= now and msg.holder is None]
         keys = None
-    dedup_due = rec.dedup is not None and any(until <= now for until in rec.dedup.values())
+    dedup_due = rec.dedup is not None and any(
+        store.dedup_value(v)[0] <= now for v in rec.dedup.values())
     dedup_due = dedup_due or (rec.put_tokens is not None and any(
         until <= now for _, until in rec.put_tokens.values()))
     return due, keys, dedup_due
@@ -528,11 +529,10 @@ class QueueState:
         def read():
             tm.begin()
             rec = conn.root()[store.ROOT_KEY].queues[self.name]
-            until = rec.dedup.get(dedup_id) if rec.dedup is not None else None
-            if until is None or until <= self.clock() or rec.dedup_ids is None:
+            until, seq = rec.dedup_entry(dedup_id) or (None, None)
+            if until is None or until <= self.clock() or seq is None:
                 return None
-            seq = rec.dedup_ids.get(dedup_id)
-            return None if seq is None else MessageId(seq)
+            return MessageId(seq)
         try:
             return read_fresh(read, tm.abort)
         finally:

@@ -12,11 +12,11 @@ Layout, under the database root::
                                 process, so that consumers in different processes never
                                 write the same in-flight bucket
         .delayed[seq]           time at which a given-back or delayed message becomes ready
-        .dedup[dedup id]        until when a put with that id is refused as a duplicate
+        .dedup[dedup id]        (until, seq): until when a put with that id is refused as
+                                a duplicate, and the id (seq) of the message put with it
+                                (format 6; before, the until alone, and the seq in
+                                .dedup_ids, which the migration folds in)
         .codec                  how puts encode items (ackqueue.codec), None for the default
-        .dedup_ids[dedup id]    the id (seq) of the message put with it (files written
-                                before it existed have none: DuplicateMessage.original_id
-                                is then None)
         .next_seq               SeqCounter: the next sequence number (never reused)
         .counts                 Counters: ready/inflight/delayed sizes and lifetime totals,
                                 the expiry order marker and the ready set's journal
@@ -105,7 +105,7 @@ __all__ = [
 ]
 
 ROOT_KEY = "ackqueue"
-FORMAT = 5          # the version of the layout this code writes (see "The format contract")
+FORMAT = 6          # the version of the layout this code writes (see "The format contract")
 # The format of a catalog that records none.  Catalog has recorded its format since the
 # first commit of ackqueue, so only a catalog made by other means lacks it; it is read
 # as format 1, the only layout it could have.
@@ -157,7 +157,27 @@ def _format_4_to_5(root):
             rec.ready.keep_journal_in(rec.counts)
 
 
-MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3, 3: _format_3_to_4, 4: _format_4_to_5}
+def _format_5_to_6(root):
+    """Format 6 keeps a dedup id's window and the id of the message put with it in one
+    entry of QueueRecord.dedup, (until, seq), instead of two trees (dedup: until, and
+    dedup_ids: seq), so that a put with a dedup id (every put of the remote drop-in
+    carries an idempotency key) writes one bucket of them, not two.  The seqs are folded
+    in here and dedup_ids dropped.  The version is bumped so that an ackqueue that knows
+    only format 5 (which would read an entry as a number) refuses the file."""
+    catalog = root.get(ROOT_KEY)
+    for rec in (catalog.queues.values() if catalog is not None else ()):
+        dedup, seqs = rec.dedup, getattr(rec, "dedup_ids", None)
+        if dedup is not None:
+            for dedup_id, value in list(dedup.items()):
+                if not isinstance(value, tuple):
+                    seq = seqs.get(dedup_id) if seqs is not None else None
+                    dedup[dedup_id] = (value, seq)
+        if seqs is not None:
+            rec.dedup_ids = None
+
+
+MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3, 3: _format_3_to_4, 4: _format_4_to_5,
+              5: _format_5_to_6}
 
 FIFO, LIFO, VALUE = "fifo", "lifo", "value"
 KINDS = (FIFO, LIFO, VALUE)
@@ -359,9 +379,9 @@ class QueueRecord(Persistent):
 
     leased = None       # OOBTree lease id -> LOBTree, made by the first claim through a server
 
-    dedup = None        # OOBTree dedup id -> until when it refuses a put, made on first use
+    dedup = None        # OOBTree dedup id -> (until, seq), made on first use (format 6)
 
-    dedup_ids = None    # OOBTree dedup id -> seq of the message put with it (same lifetime)
+    dedup_ids = None    # format 5 and older: dedup id -> seq (folded into dedup by 5 -> 6)
 
     codec = None        # how puts encode items (ackqueue.codec); None: the default, pickle
 
@@ -484,10 +504,14 @@ class QueueRecord(Persistent):
 
     def remember_dedup(self, dedup_id, until, seq):
         """A put with dedup_id refuses others until then; seq is kept to name it."""
-        self.dedup_table()[dedup_id] = until
-        if self.dedup_ids is None:
-            self.dedup_ids = OOBTree()
-        self.dedup_ids[dedup_id] = seq
+        self.dedup_table()[dedup_id] = (until, seq)
+
+    def dedup_entry(self, dedup_id):
+        """(until, seq of the message put with it, or None) of dedup_id, or None."""
+        if self.dedup is None:
+            return None
+        value = self.dedup.get(dedup_id)
+        return None if value is None else dedup_value(value)
 
     def delete_message(self, seq):
         if self.expiry is not None:
@@ -857,10 +881,8 @@ class Put(_Op):
         rec = _queue(root, self.name)
         if self._applied_before(rec) is not None:
             return                            # its own first attempt used the dedup id
-        dedup = rec.dedup
-        until = dedup.get(self.dedup_id) if dedup is not None else None
+        until, original = rec.dedup_entry(self.dedup_id) or (None, None)
         if until is not None and until > self.sent_at:
-            original = rec.dedup_ids.get(self.dedup_id) if rec.dedup_ids is not None else None
             exc = DuplicateMessage(
                 f"a message with dedup_id {self.dedup_id!r} was put in queue {self.name!r} "
                 f"less than its dedup window ago ({until - self.sent_at:.1f} s left); "
@@ -1355,6 +1377,12 @@ class Purge(_Op):
         rec.counts.add(purged=len(self.removed))
 
 
+def dedup_value(value):
+    """(until, seq or None) of a QueueRecord.dedup value: format 6 keeps both; a value
+    read while an older file is being migrated is the until alone."""
+    return value if isinstance(value, tuple) else (value, None)
+
+
 class PruneDedup(_Op):
     """Forget dedup ids whose window has passed."""
 
@@ -1371,10 +1399,8 @@ class PruneDedup(_Op):
         dedup = rec.dedup
         if dedup is None:
             return
-        for dedup_id in [k for k, until in dedup.items() if until <= self.at]:
+        for dedup_id in [k for k, v in dedup.items() if dedup_value(v)[0] <= self.at]:
             del dedup[dedup_id]
-            if rec.dedup_ids is not None and dedup_id in rec.dedup_ids:
-                del rec.dedup_ids[dedup_id]
 
 
 class SetDeadline(_Op):
