@@ -36,7 +36,9 @@ def child_main(argv):
     from benchmarks.contenders.sqs import null_server_main
     tasks.update(qprod=sqs.child_producer, qcons=sqs.child_consumer, qnull=null_server_main)
     from benchmarks.scenarios import service_floor
-    tasks.update(sdurablesrv=service_floor.child_server, sdurablecli=service_floor.child_client)
+    from benchmarks.contenders import wake_floor
+    tasks.update(sdurablesrv=service_floor.child_server, sdurablecli=service_floor.child_client,
+                 swakefloor=wake_floor.child_server)
     task = tasks.get(argv[0])
     if task is None:
         raise SystemExit(f"unknown child task {argv[0]!r}")

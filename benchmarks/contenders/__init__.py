@@ -13,7 +13,7 @@ Everything else (the command line's --contender ids, the tables, the chart) foll
 """
 from benchmarks.contenders import (ackqueue, lean, litequeue, persist_queue, service,
                                    stdlib, zeo)
-from benchmarks.contenders import ackqueue_floor, ackqueue_noexpiry, ackqueue_remote
+from benchmarks.contenders import ackqueue_floor, ackqueue_noexpiry, ackqueue_remote, wake_floor
 from benchmarks.contenders.base import Adapter, Contender, SharedContender  # noqa: F401
 
 
@@ -46,6 +46,7 @@ def _shared():
         *persist_queue.shared_contenders(),
         *litequeue.shared_contenders(),
         service.SHARED,           # the queue service: its own scenario only
+        wake_floor.SHARED,        # (e) across processes: the floor of a service wake-up
     ]
 
 

@@ -1,0 +1,182 @@
+"""A floor for (e) across processes through a queue service: what a put in one process
+and a long poll in another allow with no queue at all (issue 23 point 5's 2 ms).
+
+The bare mechanism a service wake-up needs, and nothing else: a bare asyncio.Protocol
+HTTP/1.1 server (a child process) where ``POST /put`` hands its body to a writer thread
+that commits it to a ZODB FileStorage (one record, fsync'd, as ackqueue's commits are)
+and, once durable, answers the POST and hands the body to a waiting ``GET /wait`` (a long
+poll), or keeps it for the next one.  The clients are the benchmark's processes, each
+with one keep-alive ackqueue.wire connection: put() is one POST, get() one long poll.
+No acks, no ids, no receive rules: a floor, not a queue.
+"""
+import asyncio
+import collections
+import os
+import pickle
+import re
+import select
+import subprocess
+import threading
+
+from benchmarks.children import child_command, report, stop_server
+from benchmarks.common import REPO
+from benchmarks.contenders.base import Adapter, SharedContender
+
+START_TIMEOUT = 60
+STOP_TIMEOUT = 30
+
+
+class _Server:
+    """The floor server's state, on its event loop: durable bodies not yet taken, and the
+    long polls waiting for one."""
+
+    def __init__(self, loop, path):
+        import transaction
+        import ZODB
+        from ZODB.FileStorage import FileStorage
+        from persistent.mapping import PersistentMapping
+        self.loop = loop
+        self.ready = collections.deque()        # durable bodies no poll took yet
+        self.polls = collections.deque()        # transports of long polls waiting
+        self.cond = threading.Condition()
+        self.pending = []                       # (transport, body) to commit
+        self.tm = transaction.TransactionManager()
+        self.conn = ZODB.DB(FileStorage(path)).open(self.tm)
+        self.log = self.conn.root()["log"] = PersistentMapping()
+        self.tm.commit()
+        threading.Thread(target=self._commit_loop, daemon=True).start()
+
+    def put(self, transport, body):
+        with self.cond:
+            self.pending.append((transport, body))
+            self.cond.notify()
+
+    def wait(self, transport):
+        if self.ready:
+            _answer(transport, self.ready.popleft())
+        else:
+            self.polls.append(transport)
+
+    def _commit_loop(self):
+        while True:
+            with self.cond:
+                while not self.pending:
+                    self.cond.wait()
+                group, self.pending = self.pending, []
+            self.log["group"] = [body for _, body in group]
+            self.tm.commit()                    # fsync'd: FileStorage's default
+            self.loop.call_soon_threadsafe(self._durable, group)
+
+    def _durable(self, group):
+        for transport, body in group:
+            while self.polls and self.polls[0].is_closing():
+                self.polls.popleft()
+            if self.polls:
+                _answer(self.polls.popleft(), body)   # the wake-up first
+            else:
+                self.ready.append(body)
+            _answer(transport, b"{}")
+
+
+def _answer(transport, body):
+    if not transport.is_closing():
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
+class _Proto(asyncio.Protocol):
+    def __init__(self, server):
+        self.server = server
+
+    def connection_made(self, transport):
+        self.transport, self.buf = transport, b""
+
+    def data_received(self, data):
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].split(b"\r\n")
+            length = 0
+            for line in head[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4:end + 4 + length]
+            self.buf = self.buf[end + 4 + length:]
+            if head[0].startswith(b"POST"):
+                self.server.put(self.transport, body)
+            else:
+                self.server.wait(self.transport)
+
+
+def child_server(path):
+    """python -m benchmarks --child swakefloor PATH: serve until SIGTERM."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        server = _Server(loop, path)
+        srv = await loop.create_server(lambda: _Proto(server), "127.0.0.1", 0)
+        report(event="ready", port=srv.sockets[0].getsockname()[1])
+        await asyncio.Event().wait()
+    asyncio.run(main())
+
+
+class FloorServer:
+    """The floor server in a child process, on a fresh file in the run's directory."""
+
+    def __init__(self, directory):
+        self.log = open(os.path.join(directory, "wake-floor.log"), "ab")
+        self.proc = subprocess.Popen(
+            child_command("swakefloor", os.path.join(directory, "floor.fs")),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, cwd=REPO)
+        ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT)
+        line = self.proc.stdout.readline().decode() if ready else ""
+        found = re.search(r'"port": (\d+)', line)
+        if not found:
+            self.stop()
+            raise RuntimeError(f"the wake floor server did not start: {line!r}")
+        self.url = f"http://127.0.0.1:{found.group(1)}"
+
+    def stop(self):
+        code = stop_server(self.proc, (self.proc.stdout, self.log), STOP_TIMEOUT)
+        return {"exit_code": code, "log_errors": []}
+
+
+class FloorAdapter(Adapter):
+    """put(): one POST answered once durable; get(): one long poll."""
+
+    def __init__(self, url):
+        from ackqueue.wire import Connection
+        port = int(url.rsplit(":", 1)[1])
+        self.conn = Connection("127.0.0.1", port, 60)
+
+    def put(self, item):
+        self.conn.request("POST", "/put", pickle.dumps(item, protocol=5))
+
+    def get(self, timeout):
+        return self.conn.request("GET", "/wait")[2]
+
+    def item(self, handle):
+        return pickle.loads(handle)
+
+    def ack(self, handle):
+        pass                                     # the floor keeps nothing to acknowledge
+
+    def close(self):
+        self.conn.close()
+
+
+def _provision(directory):
+    server = FloorServer(directory)
+    return server.url, server
+
+
+SHARED = SharedContender(
+    "service-wake-floor", "floor: bare server, FileStorage commit, long poll", "floor",
+    "blocking",
+    "a floor, not a queue: a bare asyncio.Protocol server that commits each put's body "
+    "to a FileStorage (fsync'd) and then hands it to a waiting long poll; ackqueue.wire "
+    "clients", _provision, lambda location, mode: FloorAdapter(location),
+    scenarios=("e_xproc",))
