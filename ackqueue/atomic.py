@@ -22,27 +22,12 @@ after a conflict applies it again, and never touch ``root["ackqueue"]``).  The s
 durable stream leases (ackqueue/service/streams.py) write their record with the messages
 they take this way.
 """
+from . import store
 from .connection import commit_blocks
 from .errors import NotHeld
 from .remote_block import RemoteBlock, commit_together
 
 __all__ = ["transaction"]
-
-
-class _OwnWrite:
-    """A caller's write as one of the commit's store operations (store.apply_unit)."""
-
-    apply_run = None            # never batched with a neighbour
-    name = None
-
-    def __init__(self, op):
-        self.op = op
-
-    def check(self, root):
-        self.op.check(root)
-
-    def apply(self, root):
-        self.op.apply(root)
 
 
 class transaction:
@@ -68,7 +53,7 @@ class transaction:
 
     def write(self, op):
         """Commit op (a write of the caller's own record) with the block (see above)."""
-        self.writes.append(_OwnWrite(op))
+        self.writes.append(store.OwnWrite(op))
 
     def __enter__(self):
         try:

@@ -252,21 +252,9 @@ class CountReceives(_Op):
                     first_received=msg.first_received or first)
 
 
-class _Also(_Op):
-    """A caller's own write in the unit (see also= in the module docstring)."""
-
-    def __init__(self, op):
-        self.op = op
-
-    def check(self, root):
-        self.op.check(root)
-
-    def apply(self, root):
-        self.op.apply(root)
-
-
 def _also(ops):
-    return [_Also(op) for op in ops or ()]
+    """A caller's own writes in the unit (see also= in the module docstring)."""
+    return [store.OwnWrite(op) for op in ops or ()]
 
 
 # -- opening: recovery and adoption (ackqueue.local.LocalArbiter.load) --------------------

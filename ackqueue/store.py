@@ -840,6 +840,24 @@ class _Op:
         """Raise Refused if this operation must not be applied (the default: always apply)."""
 
 
+class OwnWrite(_Op):
+    """A caller's own write as one of a unit's operations: op has check(root) and
+    apply(root), must re-apply cleanly on a retried commit and never touch
+    root[ROOT_KEY] (ackqueue.atomic's t.write, ackqueue.holds' also=)."""
+
+    __slots__ = ("op",)
+    name = None
+
+    def __init__(self, op):
+        self.op = op
+
+    def check(self, root):
+        self.op.check(root)
+
+    def apply(self, root):
+        self.op.apply(root)
+
+
 class Put(_Op):
     """A new message, ready at once or at visible_at.
 

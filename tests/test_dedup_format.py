@@ -4,22 +4,11 @@ key) writes one bucket of them; a format-5 file (the until in .dedup, the seq in
 .dedup_ids) is migrated on open."""
 import ZODB
 from ZODB.FileStorage import FileStorage
-from ZODB.utils import get_pickle_metadata
 
 import pytest
 
 from ackqueue import AckQueue, DuplicateMessage, store
-
-
-def records_of_last_transaction(path):
-    storage = FileStorage(path, read_only=True)
-    try:
-        last = None
-        for txn in storage.iterator():
-            last = sorted(get_pickle_metadata(rec.data)[1] for rec in txn)
-        return last
-    finally:
-        storage.close()
+from fs_records import records_of_last_transaction
 
 
 def test_a_put_with_a_dedup_id_writes_one_dedup_record(tmp_path):

@@ -1,7 +1,6 @@
 """The ready set's journal (store format 5): the set's recent changes kept in the queue's
 Counters, as runs of keys, and folded into its segments.  Real ZODB storages, real
 concurrent commits from two connections, a real SIGKILL."""
-import os
 import random
 import signal
 import subprocess
@@ -13,11 +12,11 @@ import transaction
 import ZODB
 from ZODB.FileStorage import FileStorage
 from ZODB.POSException import ConflictError
-from ZODB.utils import get_pickle_metadata
 
 from ackqueue import AckQueue, journal, store
 from ackqueue.journal import KeyJournal, KeyRuns
 from ackqueue.segments import KeySet
+from fs_records import records_of_last_transaction
 
 
 # -- runs ---------------------------------------------------------------------------------
@@ -198,17 +197,6 @@ def test_a_fold_beside_a_change_of_another_key_merges(two):
 
 
 # -- what a queue writes -----------------------------------------------------------------
-
-def records_of_last_transaction(path):
-    storage = FileStorage(path, read_only=True)
-    try:
-        last = None
-        for txn in storage.iterator():
-            last = sorted(get_pickle_metadata(rec.data)[1] for rec in txn)
-        return last
-    finally:
-        storage.close()
-
 
 def test_a_put_and_an_ack_each_write_the_message_segment_and_the_counters(tmp_path):
     """Before format 5 each wrote a third record, the ready set's segment (KeySegment)."""

@@ -16,100 +16,43 @@ import pickle
 import re
 import select
 import subprocess
-import threading
 
 from benchmarks.children import child_command, report, stop_server
 from benchmarks.common import REPO
 from benchmarks.contenders.base import Adapter, SharedContender
+from benchmarks.scenarios.service_floor import Proto, Writer, answer
 
 START_TIMEOUT = 60
 STOP_TIMEOUT = 30
 
 
 class _Server:
-    """The floor server's state, on its event loop: durable bodies not yet taken, and the
-    long polls waiting for one."""
+    """The floor server's state, on its event loop: durable bodies no poll took yet, and
+    the long polls waiting for one; the group commits are service_floor.Writer's (one
+    FileStorage record per group, fsync'd)."""
 
     def __init__(self, loop, path):
-        import transaction
-        import ZODB
-        from ZODB.FileStorage import FileStorage
-        from persistent.mapping import PersistentMapping
-        self.loop = loop
-        self.ready = collections.deque()        # durable bodies no poll took yet
-        self.polls = collections.deque()        # transports of long polls waiting
-        self.cond = threading.Condition()
-        self.pending = []                       # (transport, body) to commit
-        self.tm = transaction.TransactionManager()
-        self.conn = ZODB.DB(FileStorage(path)).open(self.tm)
-        self.log = self.conn.root()["log"] = PersistentMapping()
-        self.tm.commit()
-        threading.Thread(target=self._commit_loop, daemon=True).start()
+        self.ready = collections.deque()
+        self.polls = collections.deque()
+        self.writer = Writer("zodb", path, loop, durable=self._durable)
 
-    def put(self, transport, body):
-        with self.cond:
-            self.pending.append((transport, body))
-            self.cond.notify()
-
-    def wait(self, transport):
-        if self.ready:
-            _answer(transport, self.ready.popleft())
+    def request(self, line, transport, body):
+        if line.startswith(b"POST"):
+            self.writer.submit(transport, body)
+        elif self.ready:
+            answer(transport, self.ready.popleft())
         else:
             self.polls.append(transport)
-
-    def _commit_loop(self):
-        while True:
-            with self.cond:
-                while not self.pending:
-                    self.cond.wait()
-                group, self.pending = self.pending, []
-            self.log["group"] = [body for _, body in group]
-            self.tm.commit()                    # fsync'd: FileStorage's default
-            self.loop.call_soon_threadsafe(self._durable, group)
 
     def _durable(self, group):
         for transport, body in group:
             while self.polls and self.polls[0].is_closing():
                 self.polls.popleft()
             if self.polls:
-                _answer(self.polls.popleft(), body)   # the wake-up first
+                answer(self.polls.popleft(), body)      # the wake-up first
             else:
                 self.ready.append(body)
-            _answer(transport, b"{}")
-
-
-def _answer(transport, body):
-    if not transport.is_closing():
-        transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-
-
-class _Proto(asyncio.Protocol):
-    def __init__(self, server):
-        self.server = server
-
-    def connection_made(self, transport):
-        self.transport, self.buf = transport, b""
-
-    def data_received(self, data):
-        self.buf += data
-        while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buf[:end].split(b"\r\n")
-            length = 0
-            for line in head[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            if len(self.buf) < end + 4 + length:
-                return
-            body = self.buf[end + 4:end + 4 + length]
-            self.buf = self.buf[end + 4 + length:]
-            if head[0].startswith(b"POST"):
-                self.server.put(self.transport, body)
-            else:
-                self.server.wait(self.transport)
+            answer(transport)
 
 
 def child_server(path):
@@ -117,7 +60,7 @@ def child_server(path):
     async def main():
         loop = asyncio.get_running_loop()
         server = _Server(loop, path)
-        srv = await loop.create_server(lambda: _Proto(server), "127.0.0.1", 0)
+        srv = await loop.create_server(lambda: Proto(server.request), "127.0.0.1", 0)
         report(event="ready", port=srv.sockets[0].getsockname()[1])
         await asyncio.Event().wait()
     asyncio.run(main())

@@ -38,12 +38,14 @@ LABELS = {"fsync": "bare asyncio.Protocol, group-committed append + fsync",
           "zodb": "bare asyncio.Protocol, group-committed ZODB FileStorage commit"}
 
 
-class _Writer:
-    """The group committer of a floor server: take what gathered, make it durable, answer
-    it all with one wake-up of the loop."""
+class Writer:
+    """The group committer of a floor server: take what gathered, make it durable, then
+    call durable(group) on the loop, once per group (group: the (transport, body) pairs;
+    by default each request is answered)."""
 
-    def __init__(self, kind, path, loop):
+    def __init__(self, kind, path, loop, durable=None):
         self.kind, self.loop = kind, loop
+        self.durable = durable or answer_all
         self.cond = threading.Condition()
         self.pending = []                      # (transport, body)
         if kind == "fsync":
@@ -78,24 +80,26 @@ class _Writer:
             else:
                 self.log["group"] = bodies            # one record, written anew each time
                 self.tm.commit()
-            self.loop.call_soon_threadsafe(_answer, [t for t, _ in group])
+            self.loop.call_soon_threadsafe(self.durable, group)
 
 
-_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+def answer(transport, body=b"{}"):
+    if not transport.is_closing():
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
 
-def _answer(transports):
-    for t in transports:
-        if not t.is_closing():
-            t.write(_OK)
+def answer_all(group):
+    for transport, _ in group:
+        answer(transport)
 
 
-class _Proto(asyncio.Protocol):
-    """HTTP/1.1 keep-alive requests with a Content-Length body, each handed to the writer;
-    the answer is written when the writer's group is durable."""
+class Proto(asyncio.Protocol):
+    """HTTP/1.1 keep-alive requests with a Content-Length body: each is handed to
+    on_request(request line, transport, body), which answers it when it can."""
 
-    def __init__(self, writer):
-        self.writer = writer
+    def __init__(self, on_request):
+        self.on_request = on_request
 
     def connection_made(self, transport):
         self.transport, self.buf = transport, b""
@@ -113,17 +117,20 @@ class _Proto(asyncio.Protocol):
                     length = int(value)
             if len(self.buf) < end + 4 + length:
                 return
+            request_line = self.buf[:self.buf.find(b"\r\n")]
             body = self.buf[end + 4:end + 4 + length]
             self.buf = self.buf[end + 4 + length:]
-            self.writer.submit(self.transport, body)
+            self.on_request(request_line, self.transport, body)
 
 
 def child_server(kind, path):
     """A durable floor server on a free loopback port (stopped with SIGTERM)."""
     async def main():
         loop = asyncio.get_running_loop()
-        writer = _Writer(kind, path, loop)
-        srv = await loop.create_server(lambda: _Proto(writer), "127.0.0.1", 0)
+        writer = Writer(kind, path, loop)
+        srv = await loop.create_server(
+            lambda: Proto(lambda line, transport, body: writer.submit(transport, body)),
+            "127.0.0.1", 0)
         report(event="ready", port=srv.sockets[0].getsockname()[1])
         await asyncio.Event().wait()
     asyncio.run(main())
