@@ -255,16 +255,13 @@ class Api:
         durable: all, or (StaleAck) none.  Submitted on the loop when cc is free; when a
         pool thread uses cc (a claim that waits for its commit), submitted from the pool
         under cc's lock; either way no thread waits for the commit."""
-        def submit(then):
-            if not cc.lock.acquire(blocking=False):
-                return None
+        future, then = self.bridge.pending()
+        if cc.lock.acquire(blocking=False):
             try:
                 cc.queue.ack_many(messages, then=then)
-                return True
             finally:
                 cc.lock.release()
-        future, then = self.bridge.pending()
-        if submit(then) is None:
+        else:
             await self.run(self.service.ack_submit, cc, messages, then)
         error = await future
         if error is not None:
