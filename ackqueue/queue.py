@@ -53,6 +53,26 @@ def _kind(kind, lifo):
     return kind
 
 
+def _prefetch(value, path, kind):
+    """A valid prefetch= argument (an int, at least 1; above 1 for a FIFO queue shared
+    through a server: checked here, and against the opened storage by AckQueue)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"prefetch must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"prefetch must be at least 1, not {value}")
+    if value > 1:
+        if remote.is_url(path):
+            raise ValueError(
+                "prefetch applies to a queue shared through a server (zeo://); through "
+                "the queue service (http://) use get_many(n) to receive several messages "
+                "in one request, or ack_with_next_get=True")
+        if kind != store.FIFO:
+            raise ValueError(
+                f"prefetch applies to a FIFO queue (AckQueue): a message taken ahead would "
+                f"be received before one that {store.KIND_NAMES[kind]} orders ahead of it")
+    return value
+
+
 def _dead_letter(dead_letter, name):
     """A valid dead_letter= argument of queue name."""
     if dead_letter is not None:
@@ -193,7 +213,14 @@ class AckQueue(_stdlib_queue.Queue):
     - acks: "durable" (the default: ack, ack_many and task_done return once the ack is
       durable) or "deferred" (they return at once; the ack is durable with the next
       commit, within a few ms, or after flush(); a crash before then can only bring the
-      message back, see ackqueue.deferred).  Not through the queue service (http://).
+      message back, see ackqueue.deferred).  Not through the queue service (http://);
+    - prefetch (a queue shared through a server, zeo://): the most messages one claim
+      commit may take ahead for this process's next gets while its consumers keep up (1,
+      the default: none).  A message taken ahead is in flight under this process's lease,
+      its visibility deadline running, until a get here receives it; one no get receives
+      within a second goes back to its place with its receive count as it was (see
+      ackqueue.shared).  It saves a server round trip per get; a message put later is
+      never received ahead of one already taken ahead.  FIFO queues only.
     """
 
     _kind = store.FIFO
@@ -204,7 +231,7 @@ class AckQueue(_stdlib_queue.Queue):
                  lifo=False, max_receives=None, dead_letter=None, retention=None,
                  dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None,
                  repair=False, codec=None, allowed_classes=None, ack_with_next_get=False,
-                 acks="durable"):
+                 acks="durable", prefetch=1):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -237,10 +264,16 @@ class AckQueue(_stdlib_queue.Queue):
         self._clock = clock = clock or time.time
         self.ack_with_next_get = remote.check_ack_with_next_get(ack_with_next_get, path)
         self.acks = deferred.check_acks(acks, remote.is_url(path))
+        self.prefetch = _prefetch(prefetch, path, kind)
         self._database = (remote.RemoteDatabase(self, path, db, durability, repair)
                           if remote.is_url(path) else open_database(path, db, durability, repair))
         try:
             self._state = self._open_state(name, kind, clock, codec)
+            if self.prefetch > 1 and self._database.exclusive:
+                raise ValueError(
+                    "prefetch applies to a queue shared through a server (zeo://): this "
+                    "process holds this storage alone, so its gets make no round trips "
+                    "to save")
             self._policy = self._dead_letter_policy(self.max_receives, self.dead_letter)
             if autopack is not None:
                 self._database.enable_autopack(autopack)

@@ -15,6 +15,14 @@ the threads waiting.
           messages, so that consumers do not keep colliding at the head of the queue, and
           narrows them back one message per SPREAD_DECAY claims won in a row;
           uncontended, it takes the head (FIFO).
+- prefetch (AckQueue(..., prefetch=N), FIFO queues): while this process's gets keep up,
+          one claim commit takes up to N ready messages (one unit each, so a message another
+          process won is left out alone): the get receives the first, and the others wait
+          here, claimed under this process's lease, for the next gets, which then make no
+          round trip.  The batch doubles (1, 2, 4, ... N) each time the previous one was
+          all received; a message no get here receives within PREFETCH_IDLE seconds (or a
+          tenth of its visibility timeout) goes back to its place with an Unclaim, which
+          also undoes its receive count, and the batch starts again at 1.
 - ack, give-back: Ack and Release name the receive count of their delivery, and the store
           refuses them (StaleAck) unless it is still the live one: a process that was paused
           past its deadline or its lease cannot remove a message delivered again meanwhile.
@@ -51,6 +59,43 @@ SPREAD_MAX = 32             # how many ready messages a contended claim may choo
 SPREAD_DECAY = 8            # claims won in a row that narrow the choice by one message
 NONBLOCKING_TRIES = 16      # lost races after which a try gives up (get(block=False): Empty)
 SHUFFLE_AMONG = 1000        # get(shuffle=True) chooses among this many ready messages
+PREFETCH_IDLE = 1.0         # seconds a message claimed ahead waits for a get here, at most
+PREFETCH_VT_SHARE = 0.1     # ... and at most this share of its visibility timeout
+
+
+class _Ahead:
+    """The holder of the messages claimed ahead for this process's next gets: no thread's,
+    so no thread's end gives them back (see the module docstring, prefetch)."""
+
+    thread_bound = False
+
+    def __repr__(self):
+        return "<messages claimed ahead>"
+
+
+class _AheadInfo:
+    """How a message claimed ahead was claimed, and what its Unclaim restores."""
+
+    __slots__ = ("terms", "claimed_at", "first_received", "last_received")
+
+    def __init__(self, terms, claimed_at, first_received, last_received):
+        self.terms = terms                  # (visibility timeout, dead-letter policy)
+        self.claimed_at = claimed_at        # the queue clock's time of the claim
+        self.first_received = first_received
+        self.last_received = last_received
+
+
+def _patience(info):
+    """Seconds a message claimed ahead may wait for a get here."""
+    vt = info.terms[0]
+    return PREFETCH_IDLE if vt is None else min(PREFETCH_IDLE, vt * PREFETCH_VT_SHARE)
+
+
+def _terms(ask):
+    """What a message claimed ahead for one get must share with the get that receives it."""
+    policy = ask.policy
+    return (ask.visibility_timeout,
+            None if policy is None else (policy.max_receives, policy.target))
 
 
 @implementer(IArbiter)
@@ -76,6 +121,9 @@ class SharedArbiter:
         self._next_scan = 0.0
         self._next_promote = None   # when the earliest delayed message becomes ready
         self._returning = 0         # give-backs and promotions this process is committing
+        self._ahead_holder = _Ahead()
+        self._ahead = {}            # seq -> _AheadInfo of the messages claimed ahead
+        self._window = 1            # how many messages the next claim takes (prefetch)
         self._rtm = transaction.TransactionManager()
         self._rconn = self.database.db.open(transaction_manager=self._rtm)
         self.watch_oid = None
@@ -106,7 +154,7 @@ class SharedArbiter:
     # -- sizes: the store's, shared by every process (mutex held) ---------------------------
 
     def has_ready(self):
-        return self._pick() is not None or self._promote_due()
+        return (bool(self._ahead) or self._pick() is not None or self._promote_due())
 
     # The store's counters still count waiting messages whose retention has passed until
     # an Expire is committed; the sizes subtract those found through the expiry index in
@@ -138,8 +186,12 @@ class SharedArbiter:
         self.committer.submit([store.Expire(self.name, seq, now) for seq in fresh],
                               on_commit=done, on_fail=done)
 
-    @fresh_reads
     def ready_count(self):
+        """The store's ready messages, and those claimed ahead for gets here."""
+        return self._store_ready() + len(self._ahead)
+
+    @fresh_reads
+    def _store_ready(self):
         return self._sizes()[0]
 
     @fresh_reads
@@ -157,9 +209,7 @@ class SharedArbiter:
             # Due delayed messages count as ready; and this process's own give-backs are
             # waited for (read your writes: a message nacked here is not in flight).
             self._promote_due()
-            end = monotonic() + WAIT_RECHECK
-            while self._returning and monotonic() < end:
-                state.not_empty.wait(0.05)
+            self._await_returns()
             return self._counts_now()
 
     @fresh_reads
@@ -207,7 +257,17 @@ class SharedArbiter:
     def take(self, front, ask, n, moves):
         """Claim the next ready message, then up to n - 1 of the messages ready at that
         moment, whose claims share commits (one that another process won is left out).
-        Each claim, and so its receive count, is durable before this returns."""
+        Each claim, and so its receive count, is durable before this returns.  Messages
+        claimed ahead (prefetch) are received first, without a commit."""
+        if ask.record and not ask.shuffle:
+            if self._ahead:
+                got = self._from_ahead(ask, n)
+                if got:
+                    return got
+            if ask.prefetch > 1 and n == 1:
+                got = self._claim_ahead(front, ask)
+                if got is not None:
+                    return got
         first = self._claim_one(ask)
         if first is None:
             return []
@@ -250,6 +310,107 @@ class SharedArbiter:
                     self._won_race()
                     return self._held(seq, skey, ask.holder, deadline, op)
         return None
+
+    # -- prefetch: messages claimed ahead for the next gets here ----------------------------
+
+    def _from_ahead(self, ask, n):
+        """Up to n messages claimed ahead, oldest claim first, now ask.holder's; those that
+        waited too long, or were claimed on other terms, go back (Unclaim)."""
+        state = self.state
+        with state.mutex:
+            held = state.holders.get(self._ahead_holder)
+            if not held:
+                self._ahead.clear()
+                return []
+            terms, now, got = _terms(ask), state.clock(), []
+            for seq, h in list(held.items()):
+                info = self._ahead.get(seq)
+                if info is None:
+                    continue
+                if info.terms != terms or self._waited_too_long(info, now):
+                    self._unclaim(h)
+                elif len(got) < n:
+                    got.append(self._hand_over(h, ask.holder))
+            return got
+
+    def _waited_too_long(self, info, now):
+        return now - info.claimed_at > _patience(info)
+
+    def _hand_over(self, h, holder):
+        """Make message h, claimed ahead, holder's delivery (mutex held): the store's
+        claim stays as it is (it names this process's lease, not a thread)."""
+        state = self.state
+        del self._ahead[h.seq]
+        del state.inflight[h.seq]
+        state._forget_holding(h)
+        mine = state.hold(h.seq, h.key, h.skey, h.meta, holder, h.deadline)
+        mine.claimed = h.claimed
+        return mine
+
+    def _unclaim(self, h, why="no get here received it in time"):
+        """Send message h, claimed ahead and never received, back to its place with its
+        receive count as before (mutex held); the next batch starts small again."""
+        state = self.state
+        if state.inflight.get(h.seq) is h:
+            del state.inflight[h.seq]
+        state._forget_holding(h)
+        h.released = why
+        self._ahead_back(h)
+
+    def _claim_ahead(self, front, ask):
+        """One commit claiming this batch's window of ready messages, the first for ask,
+        the rest ahead; None when the window is 1, or fewer than two are ready, or every
+        claim was lost (then the one-message path decides)."""
+        state = self.state
+        with state.mutex:
+            count = self._window
+            if count <= 1:
+                self._window = min(2, ask.prefetch)
+                return None
+            state.expire_due()
+            if front.is_shutdown and front.shutdown_immediate:
+                return None
+            self._await_returns()
+            picks = self._picks_spread(count)
+            if len(picks) < 2:
+                return None
+            self._claiming.update(seq for seq, _, _ in picks)
+        now = state.clock()
+        vt = ask.visibility_timeout
+        deadline = None if vt is None else now + vt
+        before = {seq: msg for seq, _, msg in picks}
+        try:
+            pending = []
+            for seq, skey, msg in picks:
+                op = self._receive_op(seq, skey, msg, now, deadline, ask.policy)
+                pending.append((seq, skey, op, self.committer.submit([op])))
+            won = self._collect(pending, self._ahead_holder, deadline)
+        finally:
+            with state.mutex:
+                self._claiming.difference_update(before)
+        with state.mutex:
+            if len(won) < len(picks):
+                self._spread = min(self._spread * 2, SPREAD_MAX)
+                self._won_in_row = 0
+            else:
+                self._won_race()
+            if not won:
+                return None
+            terms = _terms(ask)
+            for h in won:
+                msg = before[h.seq]
+                first = None if h.receive_count <= 1 else h.meta.first_received
+                self._ahead[h.seq] = _AheadInfo(terms, now, first, msg.last_received)
+            self._window = min(count * 2, ask.prefetch)
+            return [self._hand_over(won[0], ask.holder)]
+
+    def _picks_spread(self, count):
+        """count ready messages to claim together: the first ones, or after lost races
+        one of the next few runs of count (so that two processes that raced for the same
+        run go on to different ones), or what is ready before it (mutex held)."""
+        skip = count * random.randrange(self._spread) if self._spread > 1 else 0
+        picks = self._picks(skip + count, False)
+        return picks[-count:] if len(picks) > count else picks
 
     def _lost_race(self, seq):
         with self.state.mutex:
@@ -343,10 +504,15 @@ class SharedArbiter:
         """A message to claim now (mutex held), once this process's own give-backs are in
         the store: a message given back here must be seen at its place by the next get here
         (read your writes)."""
+        self._await_returns()
+        return self._pick(shuffle)
+
+    def _await_returns(self):
+        """Wait (mutex held, WAIT_RECHECK at most) until this process's own give-backs
+        are in the store."""
         end = monotonic() + WAIT_RECHECK
         while self._returning and monotonic() < end:
             self.state.not_empty.wait(end - monotonic())
-        return self._pick(shuffle)
 
     @fresh_reads
     def _promote_due(self):
@@ -437,6 +603,9 @@ class SharedArbiter:
         return [self.ack_op(h) for h in holdings]
 
     def put_back(self, h, visible_at, now):
+        if h.holder is self._ahead_holder and h.seq in self._ahead:
+            self._ahead_back(h)           # claimed ahead, never received: undo the claim
+            return
         if visible_at is not None and (self._next_promote is None
                                        or visible_at < self._next_promote):
             self._next_promote = visible_at
@@ -504,7 +673,26 @@ class SharedArbiter:
 
     # -- what others left behind (mutex held) ---------------------------------------------
 
+    def _ahead_back(self, h):
+        """_unclaim for a holding the state already let go of (mutex held)."""
+        info = self._ahead.pop(h.seq)
+        self._window = 1
+        self._return([store.Unclaim(self.name, h.seq, h.skey, h.receive_count,
+                                    info.first_received, info.last_received)])
+
+    def _ahead_idle(self, now):
+        """Messages claimed ahead that no get received in time go back (mutex held)."""
+        held = self.state.holders.get(self._ahead_holder) or {}
+        for seq, info in list(self._ahead.items()):
+            h = held.get(seq)
+            if h is None or self.state.inflight.get(seq) is not h:
+                del self._ahead[seq]          # purged, or the lease was lost meanwhile
+            elif self._waited_too_long(info, now):
+                self._unclaim(h)
+
     def expire_due(self, now):
+        if self._ahead:
+            self._ahead_idle(now)
         if self._next_promote is not None and self._next_promote <= now:
             self._next_promote = None
             self._scan_store()
@@ -519,6 +707,9 @@ class SharedArbiter:
         waits = [max(self._next_scan - monotonic(), 0.001)]
         if self._next_promote is not None:
             waits.append(max(self._next_promote - now, 0.001))
+        if self._ahead:               # when the oldest message claimed ahead goes back
+            due = min(info.claimed_at + _patience(info) for info in self._ahead.values())
+            waits.append(max(due - now, 0.001))
         return min(waits)
 
     def _scan_store(self):

@@ -137,19 +137,22 @@ class DeadLetterPolicy:
 class Ask:
     """What a get asks for: the holder (a QueueConnection), its visibility timeout, how to
     read a message this process does not have in memory, whether the store records the
-    delivery (not inside an application transaction), shuffle, and the dead-letter
-    policy."""
+    delivery (not inside an application transaction), shuffle, the dead-letter policy,
+    and how many messages a shared queue may claim ahead for this process's next gets
+    (prefetch; see ackqueue.shared)."""
 
-    __slots__ = ("holder", "visibility_timeout", "load_meta", "record", "shuffle", "policy")
+    __slots__ = ("holder", "visibility_timeout", "load_meta", "record", "shuffle", "policy",
+                 "prefetch")
 
     def __init__(self, holder, visibility_timeout=None, load_meta=None, record=True,
-                 shuffle=False, policy=None):
+                 shuffle=False, policy=None, prefetch=1):
         self.holder = holder
         self.visibility_timeout = visibility_timeout
         self.load_meta = load_meta
         self.record = record
         self.shuffle = shuffle
         self.policy = policy
+        self.prefetch = prefetch
 
 
 class Holding:

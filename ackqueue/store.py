@@ -96,7 +96,8 @@ from .errors import DuplicateMessage, Refused, StaleAck, UnsupportedFormat
 __all__ = [
     "ROOT_KEY", "FORMAT", "KINDS", "PRIORITY_MAX", "DEFAULT_PRIORITY",
     "store_key", "seq_of_key", "Catalog", "QueueRecord", "MessageRecord",
-    "Counters", "SeqCounter", "LeaseRecord", "Put", "Claim", "Release", "Ack", "Promote",
+    "Counters", "SeqCounter", "LeaseRecord", "Put", "Claim", "Release", "Unclaim", "Ack",
+    "Promote",
     "Compact", "needs_compaction", "DeadLetter", "Redrive", "Expire", "Purge", "PruneDedup",
     "SetDeadline", "DEFAULT_RETENTION", "MAX_RETENTION", "DEFAULT_DEDUP_WINDOW",
     "RegisterLease", "Beat", "DropLease", "ExpireLease", "ClaimLost", "LeaseLost",
@@ -1058,6 +1059,36 @@ class Release(_Op):
         rec.detach(self.seq, self.key)
         rec.make_ready(self.seq, self.key, self.visible_at)
         rec.counts.add(given_back=1)
+
+
+class Unclaim(_Op):
+    """A claim made ahead that no thread ever received (ackqueue.shared's prefetch): the
+    message returns to its place as if the claim had never been, its receive count,
+    receive times and redelivery count as they were before it.
+
+    Refused (StaleAck) unless the claim, receive number expect, is still the live one."""
+
+    __slots__ = ("name", "seq", "key", "expect", "first_received", "last_received")
+
+    def __init__(self, name, seq, key, expect, first_received, last_received):
+        self.name, self.seq, self.key, self.expect = name, seq, key, expect
+        self.first_received, self.last_received = first_received, last_received
+
+    def check(self, root):
+        _check_delivery(root, self.name, self.seq, self.expect, "the unclaim")
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        if self.seq not in rec.messages:
+            return
+        # Undone: the receive the claim counted (store.QueueRecord.deliver), and its
+        # redelivery count if it was one.
+        rec.detach(self.seq, self.key, **({"redelivered": -1} if self.expect > 1 else {}))
+        msg = rec.messages[self.seq]
+        rec.messages[self.seq] = msg._replace(receive_count=self.expect - 1,
+                                              first_received=self.first_received,
+                                              last_received=self.last_received)
+        rec.make_ready(self.seq, self.key)
 
 
 class Ack(_Op):

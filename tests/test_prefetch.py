@@ -1,0 +1,234 @@
+"""prefetch=N through a real server (``ackqueue server``): one claim commit takes several
+ready messages while the gets here keep up; the next gets receive them without a round
+trip; what no get receives in time goes back to its place with its receive count undone;
+a process killed while holding them gives them back at its lease's end.
+
+The queue clock is injected (FakeClock) to decide when a message claimed ahead has waited
+too long; crashes are real SIGKILLs of real child processes."""
+import json
+import signal
+import threading
+
+import pytest
+
+from ackqueue import AckLifoQueue, AckPriorityQueue, AckQueue, Empty
+
+from helpers_reliability import FakeClock
+from zeo_server import Server, kill, read_line, spawn
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+
+WAIT = 30               # failure bound for blocking gets that should return at once
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
+    yield srv
+    srv.stop()
+
+
+def claim_commits(q):
+    return q._database.committer.commits
+
+
+def test_prefetch_option_is_checked(tmp_path):
+    with pytest.raises(TypeError, match="prefetch must be an int"):
+        AckQueue(prefetch="8")
+    with pytest.raises(TypeError, match="prefetch must be an int"):
+        AckQueue(prefetch=True)
+    with pytest.raises(ValueError, match="at least 1"):
+        AckQueue(prefetch=0)
+    with pytest.raises(ValueError, match="shared through a server"):
+        AckQueue(prefetch=4)                              # in memory: nothing to save
+    with pytest.raises(ValueError, match="shared through a server"):
+        AckQueue(path=str(tmp_path / "q.fs"), prefetch=4)
+    AckQueue(path=str(tmp_path / "q.fs")).close()         # the refused open let it go
+    with pytest.raises(ValueError, match="get_many"):
+        AckQueue(path="http://127.0.0.1:9", prefetch=4)
+    with pytest.raises(ValueError, match="FIFO queue"):
+        AckLifoQueue(path="zeo://127.0.0.1:9", prefetch=4)
+    with pytest.raises(ValueError, match="FIFO queue"):
+        AckPriorityQueue(path="zeo://127.0.0.1:9", prefetch=4)
+    AckQueue(prefetch=1).close()                          # the default, anywhere
+
+
+def test_gets_keep_fifo_order_with_fewer_claim_commits(server):
+    with AckQueue(path=server.url, name="order") as producer:
+        producer.put_many(list(range(40)))
+    with AckQueue(path=server.url, name="order", prefetch=8) as q:
+        before = claim_commits(q)
+        got = [q.get(timeout=WAIT) for _ in range(40)]
+        commits = claim_commits(q) - before
+        assert got == list(range(40))
+        # Batches of 1, 2, 4, 8, 8, 8, 8, 1: 8 claim commits where one per get made 40
+        # (a lease beat may add one).
+        assert commits <= 10, commits
+        q.ack_many(got)
+        assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+
+
+def test_messages_claimed_ahead_count_in_flight_and_in_qsize_here(server):
+    with AckQueue(path=server.url, name="counts", prefetch=4) as q:
+        q.put_many(list(range(10)))
+        got = [q.get(timeout=WAIT) for _ in range(4)]     # claims of 1, 2 and 4
+        assert got == [0, 1, 2, 3]
+        # 4 received, 3 claimed ahead (4, 5, 6): the store has them in flight, a get
+        # here finds them ready.
+        assert q.counts() == {"ready": 3, "in_flight": 7, "delayed": 0}
+        assert q.qsize() == 6
+        with AckQueue(path=server.url, name="counts") as other:
+            assert other.stats()["in_flight"] == 7
+        q.ack_many(got)
+
+
+def test_what_no_get_receives_in_time_goes_back_with_its_receive_count_undone(server):
+    clock = FakeClock()
+    with AckQueue(path=server.url, name="idle", prefetch=4, clock=clock) as q:
+        q.put_many(list(range(10)))
+        got = [q.get(timeout=WAIT) for _ in range(4)]
+        q.ack_many(got)
+        clock.advance(0.5)                 # within the second: still ahead
+        assert q.counts()["in_flight"] == 3
+        clock.advance(0.6)                 # past it: back at their places
+        q.qsize()                          # a look at the queue gives them back
+        assert q.counts() == {"ready": 6, "in_flight": 0, "delayed": 0}
+        stats = q.stats()
+        assert stats["redelivered"] == 0 and stats["given_back"] == 0
+        m = q.get_message(timeout=WAIT)
+        assert (m.body, m.receive_count) == (4, 1), "as if never claimed"
+        q.ack(m)
+
+
+def test_a_get_on_other_terms_receives_in_order_after_an_unclaim(server):
+    with AckQueue(path=server.url, name="terms", prefetch=4) as q:
+        q.put_many(list(range(10)))
+        got = [q.get(timeout=WAIT) for _ in range(4)]         # 4, 5, 6 claimed ahead
+        q.ack_many(got)
+        m = q.get_message(timeout=WAIT, visibility_timeout=30)
+        assert (m.body, m.receive_count) == (4, 1)
+        assert m.deadline is not None, "claimed now, with this get's deadline"
+        q.ack(m)
+        assert [q.get(timeout=WAIT) for _ in range(5)] == [5, 6, 7, 8, 9]
+        q.task_done()
+
+
+def test_a_message_received_from_ahead_keeps_its_claims_deadline(server):
+    clock = FakeClock()
+    with AckQueue(path=server.url, name="deadline", prefetch=2, clock=clock,
+                  visibility_timeout=20) as q:
+        q.put_many(["a", "b", "c"])
+        assert q.get_message(timeout=WAIT).body == "a"        # window 1
+        claimed_at = clock()
+        assert q.get_message(timeout=WAIT).body == "b"        # claims b and c
+        clock.advance(0.5)                 # within a second (and a tenth of 20 s)
+        m = q.get_message(timeout=WAIT)
+        assert (m.body, m.receive_count) == ("c", 1)
+        assert m.deadline == claimed_at + 20, "the deadline its claim set"
+
+
+def test_close_gives_back_what_was_claimed_ahead(server):
+    with AckQueue(path=server.url, name="close", prefetch=8) as q:
+        q.put_many(list(range(10)))
+        got = [q.get(timeout=WAIT) for _ in range(4)]
+        q.ack_many(got)
+    with AckQueue(path=server.url, name="close") as q:
+        assert q.counts() == {"ready": 6, "in_flight": 0, "delayed": 0}
+        back = [q.get_message(timeout=WAIT) for _ in range(6)]
+        assert [(m.body, m.receive_count) for m in back] == [(i, 1) for i in range(4, 10)]
+        q.ack_many(back)
+
+
+KILLED = """
+    import os, signal, sys
+    from ackqueue import AckQueue
+    q = AckQueue(path=sys.argv[1], name="crash", prefetch=8)
+    got = [q.get(timeout=30) for _ in range(4)]    # 4 received, 3 claimed ahead
+    q.ack_many(got)
+    print(" ".join(map(str, got)), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_sigkilled_process_gives_back_what_it_claimed_ahead_at_its_lease_end(server):
+    url = f"{server.url}?lease_timeout=1.5"
+    with AckQueue(path=url, name="crash") as q:
+        q.put_many(list(range(10)))
+        child = spawn(KILLED, url)
+        try:
+            assert read_line(child) == "0 1 2 3"
+            assert child.wait(WAIT) == -signal.SIGKILL
+        finally:
+            kill(child)
+        back = [q.get_message(timeout=WAIT) for _ in range(6)]
+        assert sorted(m.body for m in back) == list(range(4, 10)), "nothing lost"
+        # What the dead process held ahead counts as received (it might have been):
+        # at-least-once, as for any delivery of a process that died.
+        assert {m.body: m.receive_count for m in back if m.receive_count > 1}.keys() \
+            <= {4, 5, 6}
+        q.ack_many(back)
+        with pytest.raises(Empty):
+            q.get(timeout=0.2)
+
+
+CONSUMER = """
+    import json, sys
+    from ackqueue import AckQueue, Empty
+    q = AckQueue(path=sys.argv[1], name="pair", prefetch=8, acks=sys.argv[2])
+    print("ready", flush=True)
+    got = []
+    while True:
+        try:
+            item = q.get(timeout=2.0)
+        except Empty:
+            break
+        got.append(item)
+        q.ack(item)
+    q.close()
+    print(json.dumps(got), flush=True)
+"""
+
+
+@pytest.mark.parametrize("acks", ["durable", "deferred"])
+def test_two_prefetching_consumer_processes_receive_each_message_once(server, acks):
+    total = 300
+    with AckQueue(path=server.url, name="pair") as q:
+        q.put_many(list(range(total)))
+        children = [spawn(CONSUMER, server.url, acks) for _ in range(2)]
+        try:
+            for child in children:
+                assert read_line(child) == "ready"
+            reports = [json.loads(read_line(child, timeout=120)) for child in children]
+        finally:
+            for child in children:
+                kill(child)
+        got = [item for r in reports for item in r]
+        assert sorted(got) == list(range(total)), "each message received exactly once"
+        assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+        assert q.stats()["redelivered"] == 0
+
+
+def test_threads_of_one_process_share_what_was_claimed_ahead(server):
+    total = 200
+    with AckQueue(path=server.url, name="threads") as producer:
+        producer.put_many(list(range(total)))
+    with AckQueue(path=server.url, name="threads", prefetch=8) as q:
+        got, lock = [], threading.Lock()
+
+        def consume():
+            while True:
+                try:
+                    item = q.get(timeout=2.0)
+                except Empty:
+                    return
+                with lock:
+                    got.append(item)
+                q.ack(item)
+        threads = [threading.Thread(target=consume) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT * 4)
+        assert sorted(got) == list(range(total)), "each message received exactly once"
+        assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+        assert q.stats()["redelivered"] == 0
