@@ -30,6 +30,7 @@ def _contenders():
         ackqueue.MEMORY,
         ackqueue.OS,              # measured once AckQueue has durability= (issue 5)
         zeo.CONTENDER,
+        zeo.CONTENDER_PREFETCH,   # issue 28 point 4: claims batched through ZEO
         ackqueue_remote.CONTENDER,
         ackqueue_noexpiry.FSYNC,  # the expiry index's cost (issue 25.4), side by side
         ackqueue_noexpiry.OS,
@@ -43,6 +44,8 @@ def _shared():
         ackqueue_remote.SHARED_ACK_WITH_GET,
         ackqueue_remote.SHARED_OS,        # (e) across processes: the floor without fsync
         zeo.SHARED,
+        zeo.SHARED_PREFETCH,      # issue 28 point 4: fewer round trips per item, (g) only
+        zeo.SHARED_FAST,
         *persist_queue.shared_contenders(),
         *litequeue.shared_contenders(),
         service.SHARED,           # the queue service: its own scenario only

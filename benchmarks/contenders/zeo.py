@@ -106,9 +106,90 @@ CONTENDER = Contender(
     "AckQueue(path='zeo://127.0.0.1:PORT'); put and ack return once the server has "
     "committed", family="ackqueue", counts=ZEO_COUNTS)
 
+# Issue 28 point 4 in one process: a consumer draining a backlog ((a)) claims up to 8
+# messages per commit.
+CONTENDER_PREFETCH = Contender(
+    "ackqueue-zeo-prefetch", "ackqueue (zeo, prefetch 8)",
+    lambda directory: ZeoAckQueueAdapter(directory, prefetch=8),
+    "as ackqueue (zeo), opened with AckQueue(..., prefetch=8): while the gets keep up, one "
+    "claim commit takes up to 8 ready messages for the next gets", family="ackqueue",
+    counts=ZEO_COUNTS)
+
+class RoundTrips:
+    """Counts one process's calls to the ZEO server that wait for its answer, each a round
+    trip: a commit's vote and tpc_finish, loads of objects the cache lacks, and any other
+    call (tpc_begin and a commit's stores are sent without waiting).  It wraps the
+    ClientStorage's own call paths, so it sees every such call ZODB and ackqueue make;
+    its private attributes are reached here only, for diagnostics."""
+
+    def __init__(self, storage):
+        self.counts = {}
+        storage._call = self._counted(storage._call, None)
+        server = storage._server
+        for name in ("load_before", "tpc_finish", "prefetch"):
+            setattr(server, name, self._counted(getattr(server, name), name))
+
+    def _counted(self, call, name):
+        counts = self.counts
+
+        def counted(*args, **kwargs):
+            key = name or args[0]
+            counts[key] = counts.get(key, 0) + 1
+            return call(*args, **kwargs)
+        return counted
+
+    def report(self):
+        """{call name: count}, and "total" (prefetch: one call for a batch of loads,
+        answered together, counted as one round trip)."""
+        out = dict(self.counts)
+        out["total"] = sum(self.counts.values())
+        return out
+
+
+class CountingAdapter(AckQueueAdapter):
+    """AckQueueAdapter on a zeo:// URL whose diagnostics add the process's round trips to
+    the server (RoundTrips)."""
+
+    def __init__(self, directory, **options):
+        super().__init__(directory, **options)
+        try:
+            self.round_trips = RoundTrips(self.q._database.db.storage)
+        except AttributeError as exc:     # ZEO's internals moved: say so, measure the rest
+            self.round_trips = None
+            self.round_trips_unavailable = repr(exc)
+
+    def diagnostics(self):
+        out = super().diagnostics()
+        if self.round_trips is not None:
+            out["round_trips"] = self.round_trips.report()
+        else:
+            out["round_trips_unavailable"] = self.round_trips_unavailable
+        return out
+
+
+def _opener(**options):
+    return lambda location, mode: CountingAdapter(None, url=location, **options)
+
+
 SHARED = SharedContender(
     "ackqueue-zeo", "ackqueue (zeo)", "ackqueue", "blocking",
     "one `ackqueue server` per run on a fresh file; every process opens "
     f"AckQueue(path='zeo://127.0.0.1:PORT', name={SHARED_QUEUE_NAME!r}); get() "
     "blocks and is woken by the server's invalidations",
-    start_server, lambda location, mode: AckQueueAdapter(None, url=location))
+    start_server, _opener())
+
+# Issue 28 point 4: fewer round trips per item through ZEO, (g) only.
+SHARED_PREFETCH = SharedContender(
+    "ackqueue-zeo-prefetch", "ackqueue (zeo, prefetch 8)", "ackqueue", "blocking",
+    "as ackqueue (zeo), with AckQueue(..., prefetch=8): while a consumer keeps up, one "
+    "claim commit takes up to 8 ready messages and its next gets receive them without a "
+    "round trip; acks durable as by default",
+    start_server, _opener(prefetch=8), scenarios=("g",))
+
+SHARED_FAST = SharedContender(
+    "ackqueue-zeo-fast", "ackqueue (zeo, prefetch 8, deferred acks)", "ackqueue",
+    "blocking",
+    "as ackqueue (zeo, prefetch 8), with acks='deferred' too: ack() returns at once and "
+    "the ack rides on the process's next commit (a claim, or the committer's own within "
+    "2 ms); a consumer's ack time is when ack() returned",
+    start_server, _opener(prefetch=8, acks="deferred"), scenarios=("g",))
