@@ -17,3 +17,13 @@ def own_service(tmp_path):
     for s in started:
         if s.proc.poll() is None:
             s.kill()
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A real ``ackqueue server`` (ZEO) on tmp_path/shared.fs and a free loopback port
+    (tests/zeo_server.py), stopped with SIGTERM at the end of the test."""
+    from zeo_server import Server
+    srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
+    yield srv
+    srv.stop()

@@ -14,18 +14,11 @@ import pytest
 from ackqueue import AckLifoQueue, AckPriorityQueue, AckQueue, Empty
 
 from helpers_reliability import FakeClock
-from zeo_server import Server, kill, read_line, spawn
+from zeo_server import kill, read_line, spawn
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 
 WAIT = 30               # failure bound for blocking gets that should return at once
-
-
-@pytest.fixture
-def server(tmp_path):
-    srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
-    yield srv
-    srv.stop()
 
 
 def claim_commits(q):

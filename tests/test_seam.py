@@ -13,7 +13,7 @@ from ackqueue import (AckLifoQueue, AckPriorityQueue, AckQueue, BrowsedMessage, 
                       MessageId)
 from ackqueue.browse import DELAYED, IN_FLIGHT, READY
 
-from zeo_server import Server, kill, read_line, spawn
+from zeo_server import kill, read_line, spawn
 
 WAIT = 30
 
@@ -29,13 +29,6 @@ class FakeClock:
 @pytest.fixture(params=["memory", "file"])
 def where(request, tmp_path):
     return None if request.param == "memory" else str(tmp_path / "q.fs")
-
-
-@pytest.fixture
-def server(tmp_path):
-    srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
-    yield srv
-    srv.stop()
 
 
 # -- non-blocking claim and readiness ------------------------------------------------------

@@ -32,13 +32,6 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture
-def server(tmp_path):
-    srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
-    yield srv
-    srv.stop()
-
-
 def short_lease(server, seconds=1.5):
     return f"{server.url}?lease_timeout={seconds}"
 

@@ -13,16 +13,8 @@ import pytest
 from ackqueue import AckQueue, Empty
 
 from cutting_proxy import CuttingProxy
-from zeo_server import Server
 
 WAIT = 30
-
-
-@pytest.fixture
-def server(tmp_path):
-    srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
-    yield srv
-    srv.stop()
 
 
 @pytest.mark.parametrize("how", ["put", "put_many", "transaction"])
