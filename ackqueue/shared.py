@@ -20,9 +20,10 @@ the threads waiting.
           process won is left out alone): the get receives the first, and the others wait
           here, claimed under this process's lease, for the next gets, which then make no
           round trip.  The batch doubles (1, 2, 4, ... N) each time the previous one was
-          all received; a message no get here receives within PREFETCH_IDLE seconds (or a
-          tenth of its visibility timeout) goes back to its place with an Unclaim, which
-          also undoes its receive count, and the batch starts again at 1.
+          all received, and is back to 1 when another process won part of one (consumers
+          racing for a short queue).  A message no get here receives within PREFETCH_IDLE
+          seconds (or a tenth of its visibility timeout) goes back to its place with an
+          Unclaim, which also undoes its receive count, and the batch starts again at 1.
 - ack, give-back: Ack and Release name the receive count of their delivery, and the store
           refuses them (StaleAck) unless it is still the live one: a process that was paused
           past its deadline or its lease cannot remove a message delivered again meanwhile.
@@ -395,13 +396,17 @@ class SharedArbiter:
             else:
                 self._won_race()
             if not won:
+                self._window = 1
                 return None
             terms = _terms(ask)
             for h in won:
                 msg = before[h.seq]
                 first = None if h.receive_count <= 1 else h.meta.first_received
                 self._ahead[h.seq] = _AheadInfo(terms, now, first, msg.last_received)
-            self._window = min(count * 2, ask.prefetch)
+            # Another process took some of the batch: consumers are racing for a short
+            # queue, where batches only collide; claim one at a time until a batch of one
+            # was received in full again.
+            self._window = 1 if len(won) < len(picks) else min(count * 2, ask.prefetch)
             return [self._hand_over(won[0], ask.holder)]
 
     def _picks_spread(self, count):
