@@ -378,7 +378,7 @@ class AckQueue(_stdlib_queue.Queue):
 
     def put_many(self, items, block=True, timeout=None, *, priority=store.DEFAULT_PRIORITY,
                  delay=0, retention=None, dedup_ids=None, attributes=None, encoded=False,
-                 dedup_window=None, then=None):
+                 dedup_window=None, then=None, options=None):
         """Put every item of items in one commit (all or nothing) and return their
         MessageIds.  Options as put(), for every item; dedup_ids: None or one dedup id (or
         None) per item; dedup_window: seconds their dedup ids are remembered (None: the
@@ -397,7 +397,10 @@ class AckQueue(_stdlib_queue.Queue):
         messages are visible by then) or has failed (the exception, e.g.
         DuplicateMessage).  then runs in the committer's thread, so keep it quick and
         never call the queue from it (an asyncio loop bridges it with
-        loop.call_soon_threadsafe).  Not inside a transaction block."""
+        loop.call_soon_threadsafe).  Not inside a transaction block.
+
+        options: what put_options() made, instead of the keyword options (a server putting
+        for its clients validates them once per request, not once per put)."""
         items = list(items)
         if isinstance(dedup_ids, (str, bytes)):
             raise TypeError("dedup_ids must be a list with one dedup id (or None) per item")
@@ -406,10 +409,39 @@ class AckQueue(_stdlib_queue.Queue):
             if len(dedup_ids) != len(items):
                 raise ValueError(f"dedup_ids has {len(dedup_ids)} entries for "
                                  f"{len(items)} items")
+        if options is None:
+            options = self._put_options(priority, delay, retention, attributes, dedup_window)
+        elif not isinstance(options, PutOptions):
+            raise TypeError("options must be what put_options() returns")
+        elif (priority != store.DEFAULT_PRIORITY or delay != 0 or retention is not None
+              or attributes is not None or dedup_window is not None):
+            raise TypeError("give put_many either options= or the keyword options, not both")
         return self._conn().put_many(
-            items, block, timeout, opts=self._put_options(priority, delay, retention,
-                                                          attributes, dedup_window),
-            dedup_ids=dedup_ids, encoded=encoded, **({} if then is None else {"then": then}))
+            items, block, timeout, opts=options, dedup_ids=dedup_ids, encoded=encoded,
+            **({} if then is None else {"then": then}))
+
+    def put_options(self, *, priority=store.DEFAULT_PRIORITY, delay=0, retention=None,
+                    attributes=None, dedup_window=None):
+        """The options of a put (as put() takes them: priority, delay, retention,
+        attributes, dedup_window), validated once, for put_many(options=...)."""
+        return self._put_options(priority, delay, retention, attributes, dedup_window)
+
+    def receive_policy(self, max_receives, dead_letter=None):
+        """The receive rules of a get, as AckQueue's max_receives and dead_letter give
+        them (a message received max_receives times goes to the queue named dead_letter,
+        or is dropped without one), for a connection's get_many(policy=...); None when
+        max_receives is None (no rule)."""
+        max_receives = _max_receives(max_receives)
+        if dead_letter is not None and (not isinstance(dead_letter, str) or not dead_letter
+                                        or dead_letter == self.name):
+            raise ValueError("dead_letter must name another queue of this storage")
+        return self._dead_letter_policy(max_receives, dead_letter)
+
+    @property
+    def kind(self):
+        """How the queue orders its messages, as stored with it: "fifo", "lifo", or
+        "value" (AckPriorityQueue: by item value)."""
+        return self._state.kind
 
     def _default_put_options(self):
         """The PutOptions of a put without options, made once (again if the queue's
@@ -469,11 +501,9 @@ class AckQueue(_stdlib_queue.Queue):
             raise TypeError("shuffle must be True or False")
         policy = self._policy
         if max_receives is not _UNSET or dead_letter is not _UNSET:
-            mr = self.max_receives if max_receives is _UNSET else _max_receives(max_receives)
-            dl = self.dead_letter if dead_letter is _UNSET else dead_letter
-            if dl is not None and (not isinstance(dl, str) or not dl or dl == self.name):
-                raise ValueError("dead_letter must name another queue of this storage")
-            policy = self._dead_letter_policy(mr, dl)
+            policy = self.receive_policy(
+                self.max_receives if max_receives is _UNSET else max_receives,
+                self.dead_letter if dead_letter is _UNSET else dead_letter)
         return {"visibility_timeout": visibility_timeout, "shuffle": shuffle,
                 "policy": policy}
 

@@ -450,3 +450,50 @@ def test_a_group_commits_outcomes_reach_the_loop_in_one_wake_up(where):
             committer.remove_group_listener(bridge.group_settled)
             committer.remove_group_listener(committer._group_listeners[0])
     asyncio.run(main())
+
+
+# -- what a front that puts and receives for its clients uses -----------------------------
+
+def test_put_options_made_once_serve_many_put_many_calls(where):
+    with AckQueue(path=where, name="opts") as q:
+        opts = q.put_options(priority=7, attributes={"k": "v"})
+        q.put_many(["a"], options=opts)
+        q.put_many([b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x8c\x01b\x94."],
+                   options=opts, encoded=True)
+        got = q.get_messages(2, timeout=WAIT)
+        assert [(m.body, m.priority, m.attributes) for m in got] == \
+            [("a", 7, {"k": "v"}), ("b", 7, {"k": "v"})]
+        q.ack_many(got)
+        with pytest.raises(TypeError, match="not both"):
+            q.put_many(["x"], options=opts, priority=3)
+        with pytest.raises(TypeError, match="put_options"):
+            q.put_many(["x"], options={"priority": 3})
+        with pytest.raises(ValueError, match="priority"):
+            q.put_options(priority=5000)
+        assert q.qsize() == 0
+
+
+def test_receive_policy_is_the_rule_a_get_applies(where):
+    with AckQueue(path=where, name="rp") as q:
+        assert q.receive_policy(None) is None
+        with pytest.raises(ValueError, match="at least 1"):
+            q.receive_policy(0)
+        with pytest.raises(ValueError, match="another queue"):
+            q.receive_policy(2, "rp")
+        policy = q.receive_policy(1, "rp-dead")
+        conn = q.connect(thread_bound=False)
+        q.put("poison")
+        [m] = conn.get_many(1, block=False, messages=True, policy=policy)
+        conn.nack(m)          # received once: the next receive moves it, delivers nothing
+        with pytest.raises(Empty):
+            conn.get_many(1, block=False, policy=policy)
+        conn.close()
+        with AckQueue(db=q.db, name="rp-dead") as dead:
+            assert dead.get(timeout=WAIT) == "poison"
+            dead.task_done()
+
+
+def test_kind_says_how_the_queue_orders(tmp_path):
+    for cls, kind in ((AckQueue, "fifo"), (AckLifoQueue, "lifo"), (AckPriorityQueue, "value")):
+        with cls(path=str(tmp_path / f"{kind}.fs")) as q:
+            assert q.kind == kind

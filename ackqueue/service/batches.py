@@ -182,7 +182,7 @@ async def read_batch(request):
     q = await api.queue(name)
     dlq = None if dead_letter is None else await api.queue(dead_letter)
     # The dead-letter rule of the first read's receive, as the front's get() builds it.
-    policy = q._dead_letter_policy(max_receives, dead_letter)
+    policy = q.receive_policy(max_receives, dead_letter)
     messages, _ = await api.run(leases.book.lease, q, stream_id, key, n, vt, policy,
                                 max_receives, dlq)
     return (_columns if columns else _frames)(messages)

@@ -179,9 +179,8 @@ class Service:
         if dead_letter:
             # The front's options, as its get() builds them: the policy names the
             # dead-letter queue's live state in this process.
-            kwargs["policy"] = cc.queue._get_options(
-                ..., False, dead_letter.get("max_receives"),
-                dead_letter.get("dead_letter"))["policy"]
+            kwargs["policy"] = cc.queue.receive_policy(dead_letter.get("max_receives"),
+                                                       dead_letter.get("dead_letter"))
         with cc.lock:
             if cc.conn.closed:
                 return []

@@ -184,9 +184,9 @@ class Sasquatch:
             if q is None:
                 q = AckQueue(name=name, lifo=want == store.LIFO, **kwargs)
                 svc.queues[name] = q
-            if q._state.kind != want:
+            if q.kind != want:
                 raise QueueKindMismatch(
-                    f"queue {name!r} is open as {store.KIND_NAMES[q._state.kind]}; "
+                    f"queue {name!r} is open as {store.KIND_NAMES[q.kind]}; "
                     f"through Sasquatch's API a name ending in _lifo is LIFO and any other "
                     f"FIFO")
             lim = self.limited.get(name)
@@ -269,8 +269,8 @@ class Sasquatch:
         _, lim, _ = await self.queue(name)
 
         def put(then):
-            return lim._conn().put_many([body], False, None, opts=opts, dedup_ids=[dedup],
-                                        encoded=True, then=then)
+            return lim.put_many([body], False, None, options=opts, dedup_ids=[dedup],
+                                encoded=True, then=then)
         try:
             [mid] = await self.api.bridge.durable(put)
         except _stdlib_queue.Full:
@@ -341,7 +341,7 @@ class Sasquatch:
         q, _, cc = await self.queue(name)
         if dlq is not None:
             await self.queue(dlq)
-        policy = q._dead_letter_policy(max_receives, dlq)
+        policy = q.receive_policy(max_receives, dlq)
         if peek:
             attempt = (lambda: self._peek(q, shuffle))
         else:

@@ -124,7 +124,7 @@ class FifoState:
         for m in messages:
             opts = PutOptions(store.DEFAULT_PRIORITY, 0.0, store.DEAD_LETTER_RETENTION,
                               tuple(sorted(dict(m.attributes or {}).items())) or None)
-            target._conn().put_many([m.body], False, None, opts=opts, encoded=True)
+            target.put_many([m.body], False, None, options=opts, encoded=True)
             with cc.lock:
                 try:
                     cc.queue.ack_many([m])

@@ -128,7 +128,13 @@ class SqsFront:
 
     def policy(self, q, rec):
         count, dlq = redrive_of(rec["attributes"])
-        return None if count is None else q._dead_letter_policy(count, dlq)
+        if count is None:
+            return None
+        # SQS accepts a redrive policy that names the queue itself, which AckQueue's own
+        # dead_letter= (and receive_policy) refuse: such a policy keeps SQS's behaviour
+        # through the front's rule object directly.
+        return (q._dead_letter_policy(count, dlq) if dlq == q.name
+                else q.receive_policy(count, dlq))
 
     # -- receipts ----------------------------------------------------------------------------
 

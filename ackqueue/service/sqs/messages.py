@@ -129,8 +129,8 @@ async def _put(sqs, name, s):
     q, _ = await sqs.queue(name)
 
     def put(then):
-        return q._conn().put_many([s.body], False, None, opts=s.opts, dedup_ids=[s.dedup],
-                                  encoded=True, then=then)
+        return q.put_many([s.body], False, None, options=s.opts, dedup_ids=[s.dedup],
+                          encoded=True, then=then)
     try:
         [mid] = await sqs.api.bridge.durable(put)
     except DuplicateMessage as exc:         # FIFO: a duplicate is accepted, not stored
@@ -144,8 +144,8 @@ async def _put_same(sqs, name, sends):
     q, _ = await sqs.queue(name)
     opts = sends[0].opts
     ids = await sqs.api.bridge.durable(
-        lambda then: q._conn().put_many([s.body for s in sends], False, None, opts=opts,
-                                        encoded=True, then=then))
+        lambda then: q.put_many([s.body for s in sends], False, None, options=opts,
+                                encoded=True, then=then))
     return [_answer(name, s, mid) for s, mid in zip(sends, ids)]
 
 
