@@ -377,18 +377,8 @@ class SharedArbiter:
                 return None
             self._claiming.update(seq for seq, _, _ in picks)
         now = state.clock()
-        vt = ask.visibility_timeout
-        deadline = None if vt is None else now + vt
+        won = self._claim_picks(picks, ask, self._ahead_holder, now)
         before = {seq: msg for seq, _, msg in picks}
-        try:
-            pending = []
-            for seq, skey, msg in picks:
-                op = self._receive_op(seq, skey, msg, now, deadline, ask.policy)
-                pending.append((seq, skey, op, self.committer.submit([op])))
-            won = self._collect(pending, self._ahead_holder, deadline)
-        finally:
-            with state.mutex:
-                self._claiming.difference_update(before)
         with state.mutex:
             if len(won) < len(picks):
                 self._spread = min(self._spread * 2, SPREAD_MAX)
@@ -445,7 +435,12 @@ class SharedArbiter:
                 return []
             picks = self._picks(count, ask.shuffle)
             self._claiming.update(seq for seq, _, _ in picks)
-        now = state.clock()
+        return self._claim_picks(picks, ask, ask.holder, state.clock())
+
+    def _claim_picks(self, picks, ask, holder, now):
+        """Submit a unit for each pick (marked as being claimed), so that they share a
+        commit, and return the Holdings, for holder, of those whose Claim won; the picks
+        are no longer being claimed once this returns."""
         vt = ask.visibility_timeout
         deadline = None if vt is None else now + vt
         try:
@@ -453,9 +448,9 @@ class SharedArbiter:
             for seq, skey, msg in picks:
                 op = self._receive_op(seq, skey, msg, now, deadline, ask.policy)
                 pending.append((seq, skey, op, self.committer.submit([op])))
-            return self._collect(pending, ask.holder, deadline)
+            return self._collect(pending, holder, deadline)
         finally:
-            with state.mutex:
+            with self.state.mutex:
                 self._claiming.difference_update(seq for seq, _, _ in picks)
 
     @fresh_reads

@@ -456,12 +456,7 @@ class QueueState:
         Holding."""
         holding = Holding(seq, key, skey, next(self.tokens), holder, deadline, meta)
         self.inflight[seq] = holding
-        held = self.holders.get(holder)
-        if held is None:
-            held = self.holders[holder] = {}
-            if holder.thread_bound and self._reaper_wakes_at > monotonic() + REAP_INTERVAL:
-                self.reaper_wake.notify()     # it must now watch this thread (REAP_INTERVAL)
-        held[seq] = holding
+        self._held_by(holder)[seq] = holding
         if deadline is not None:
             heapq.heappush(self.deadlines, (deadline, holding.token, seq))
             if self.deadlines[0][1] == holding.token:
@@ -469,15 +464,20 @@ class QueueState:
         _notify(self.not_full)
         return holding
 
-    def hold_many(self, entries, holder, deadline):
-        """hold() each (seq, key, skey, meta) of entries for one holder with one deadline
-        (mutex held): a get_many's batch in one pass; returns the Holdings."""
-        inflight, tokens = self.inflight, self.tokens
+    def _held_by(self, holder):
+        """{seq: Holding} of what holder holds, made on its first delivery (mutex held)."""
         held = self.holders.get(holder)
         if held is None:
             held = self.holders[holder] = {}
             if holder.thread_bound and self._reaper_wakes_at > monotonic() + REAP_INTERVAL:
                 self.reaper_wake.notify()     # it must now watch this thread (REAP_INTERVAL)
+        return held
+
+    def hold_many(self, entries, holder, deadline):
+        """hold() each (seq, key, skey, meta) of entries for one holder with one deadline
+        (mutex held): a get_many's batch in one pass; returns the Holdings."""
+        inflight, tokens = self.inflight, self.tokens
+        held = self._held_by(holder)
         out = []
         for seq, key, skey, meta in entries:
             holding = Holding(seq, key, skey, next(tokens), holder, deadline, meta)
