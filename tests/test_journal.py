@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-import transaction
 import ZODB
 from ZODB.FileStorage import FileStorage
 from ZODB.POSException import ConflictError
@@ -17,6 +16,7 @@ from ackqueue import AckQueue, journal, store
 from ackqueue.journal import KeyJournal, KeyRuns
 from ackqueue.segments import KeySet
 from fs_records import records_of_last_transaction
+from two_connections import keys_after, two_connections
 
 
 # -- runs ---------------------------------------------------------------------------------
@@ -135,18 +135,8 @@ def two(tmp_path):
         ready.discard_many([100 + i for i in range(journal.JOURNAL_BATCH)])
         ready.fold()
         ready.add(20)
-    managers = [transaction.TransactionManager() for _ in range(2)]
-    conns = [db.open(transaction_manager=tm) for tm in managers]
-    yield [(tm, conn.root()["ready"]) for tm, conn in zip(managers, conns)]
-    for tm in managers:
-        tm.abort()
-    db.close()
-
-
-def keys_after(pair):
-    tm, ready = pair
-    tm.begin()
-    return list(ready)
+    with two_connections(db, "ready") as pairs:
+        yield pairs
 
 
 def test_concurrent_changes_of_different_keys_merge(two):

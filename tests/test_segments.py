@@ -8,6 +8,7 @@ from ZODB.POSException import ConflictError
 
 from ackqueue import AckQueue, store
 from ackqueue.segments import KeySet, SegmentedIndex
+from two_connections import keys_after, two_connections
 
 
 @pytest.fixture(params=[SegmentedIndex, KeySet])
@@ -19,18 +20,8 @@ def two(tmp_path, request):
         conn.root()["index"] = index = request.param(bits=3)
         for key in (1, 2, 3, 9):
             index.add(key)
-    managers = [transaction.TransactionManager() for _ in range(2)]
-    conns = [db.open(transaction_manager=tm) for tm in managers]
-    yield [(tm, conn.root()["index"]) for tm, conn in zip(managers, conns)]
-    for tm in managers:
-        tm.abort()
-    db.close()
-
-
-def keys_after(pair):
-    tm, index = pair
-    tm.begin()
-    return list(index)
+    with two_connections(db, "index") as pairs:
+        yield pairs
 
 
 def test_concurrent_changes_to_different_keys_merge_even_at_the_head(two):
