@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+import psutil
+
 STATS = collections.defaultdict(list)
 
 
@@ -182,6 +184,8 @@ def main(argv=None):
             procs += [multiprocessing.Process(target=_producer,
                                               args=(url, per, args.batch, out))
                       for _ in range(args.producers)]
+            sproc = psutil.Process(server.pid)
+            c0 = sproc.cpu_times()
             t0 = time.perf_counter()
             for proc in procs:
                 proc.start()
@@ -192,6 +196,10 @@ def main(argv=None):
             for proc in procs:
                 proc.join()
             wall = time.perf_counter() - t0 - idle
+            c1 = sproc.cpu_times()
+            cpu = (c1.user + c1.system) - (c0.user + c0.system)
+            print(f"server CPU {cpu / (per * args.producers) * 1e6:,.0f} us per item, "
+                  f"{cpu / (wall + idle):.2f} of a core")
             print(f"{args.producers}p+{args.consumers}c, {per * args.producers} items, "
                   f"batch {args.batch}, durability {args.durability}: about "
                   f"{per * args.producers / wall:,.0f} items/s (wall less the final "

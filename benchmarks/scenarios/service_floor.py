@@ -11,7 +11,10 @@ this says what HTTP plus the durable write allows, with no queue at all:
   group (group commit) and then wakes the loop once to answer the whole group;
 - ``zodb``: the same, but the group is one ZODB FileStorage commit (fsync'd, as
   ackqueue's are) of one persistent record holding the group's bodies: the least a queue
-  on FileStorage writes to make those bytes durable.
+  on FileStorage writes to make those bytes durable;
+- ``aiohttp-zodb``: ``zodb`` served by aiohttp, the service's HTTP stack, instead of a
+  bare protocol: one POST route whose handler awaits the group commit.  What the stack
+  the service runs on allows before any queue work.
 
 4 client processes (as 2 producers + 2 consumers) each send sequential keep-alive POSTs
 through ackqueue.wire, the client the scenario's processes use, each with the body of
@@ -32,10 +35,12 @@ from benchmarks.children import Child, report
 from benchmarks.common import make_item
 from benchmarks.scenarios.shared import record_failure
 
-KINDS = ("fsync", "zodb")
+KINDS = ("fsync", "zodb", "aiohttp-zodb")
 CLIENTS = 4
 LABELS = {"fsync": "bare asyncio.Protocol, group-committed append + fsync",
-          "zodb": "bare asyncio.Protocol, group-committed ZODB FileStorage commit"}
+          "zodb": "bare asyncio.Protocol, group-committed ZODB FileStorage commit",
+          "aiohttp-zodb": "aiohttp (the service's stack), group-committed ZODB FileStorage "
+                          "commit"}
 
 
 class Writer:
@@ -123,8 +128,42 @@ class Proto(asyncio.Protocol):
             self.on_request(request_line, self.transport, body)
 
 
+def _aiohttp_server(path):
+    from aiohttp import web
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def durable(group):
+            for future, _ in group:
+                if not future.done():
+                    future.set_result(None)
+
+        writer = Writer("zodb", path, loop, durable)
+
+        async def post(request):
+            body = await request.read()
+            future = loop.create_future()
+            writer.submit(future, body)
+            await future
+            return web.Response(body=b"{}", content_type="application/json")
+
+        app = web.Application()
+        app.router.add_post("/v1/queues/{name}/messages", post)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        report(event="ready", port=site._server.sockets[0].getsockname()[1])
+        await asyncio.Event().wait()
+    asyncio.run(main())
+
+
 def child_server(kind, path):
     """A durable floor server on a free loopback port (stopped with SIGTERM)."""
+    if kind == "aiohttp-zodb":
+        return _aiohttp_server(path)
+
     async def main():
         loop = asyncio.get_running_loop()
         writer = Writer(kind, path, loop)
