@@ -50,6 +50,7 @@ def _shared():
         *litequeue.shared_contenders(),
         service.SHARED,           # the queue service: its own scenario only
         wake_floor.SHARED,        # (e) across processes: the floor of a service wake-up
+        wake_floor.SHARED_AIOHTTP,  # the same floor on the service's HTTP stack
     ]
 
 

@@ -8,9 +8,14 @@ and, once durable, answers the POST and hands the body to a waiting ``GET /wait`
 poll), or keeps it for the next one.  The clients are the benchmark's processes, each
 with one keep-alive ackqueue.wire connection: put() is one POST, get() one long poll.
 No acks, no ids, no receive rules: a floor, not a queue.
+
+The same floor on aiohttp (``service-wake-floor-aiohttp``): the put and the long poll are
+aiohttp handlers awaiting futures the writer settles, as the service's are: what the
+service's own HTTP stack allows a wake-up, with the same commit and no queue.
 """
 import asyncio
 import collections
+import functools
 import os
 import pickle
 import re
@@ -55,8 +60,67 @@ class _Server:
             answer(transport)
 
 
-def child_server(path):
-    """python -m benchmarks --child swakefloor PATH: serve until SIGTERM."""
+class _AiohttpServer:
+    """_Server's exchange as aiohttp handlers: a put awaits its durable commit, a poll
+    awaits a body (futures settled on the loop by the writer's durable callback)."""
+
+    def __init__(self, loop, path):
+        self.loop = loop
+        self.ready = collections.deque()
+        self.polls = collections.deque()
+        self.writer = Writer("zodb", path, loop, durable=self._durable)
+
+    async def put(self, request):
+        from aiohttp import web
+        body = await request.read()
+        done = self.loop.create_future()
+        self.writer.submit(done, body)
+        await done
+        return web.Response(body=b"{}", content_type="application/json")
+
+    async def wait(self, request):
+        from aiohttp import web
+        if self.ready:
+            body = self.ready.popleft()
+        else:
+            poll = self.loop.create_future()
+            self.polls.append(poll)
+            body = await poll
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    def _durable(self, group):
+        for done, body in group:
+            while self.polls and self.polls[0].done():     # a poll whose client left
+                self.polls.popleft()
+            if self.polls:
+                self.polls.popleft().set_result(body)      # the wake-up first
+            else:
+                self.ready.append(body)
+            if not done.done():
+                done.set_result(None)
+
+
+async def _serve_aiohttp(path):
+    from aiohttp import web
+    server = _AiohttpServer(asyncio.get_running_loop(), path)
+    app = web.Application()
+    app.router.add_post("/put", server.put)
+    app.router.add_get("/wait", server.wait)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    report(event="ready", port=site._server.sockets[0].getsockname()[1])
+    await asyncio.Event().wait()
+
+
+def child_server(path, stack="protocol"):
+    """python -m benchmarks --child swakefloor PATH [protocol|aiohttp]: serve until
+    SIGTERM."""
+    if stack == "aiohttp":
+        asyncio.run(_serve_aiohttp(path))
+        return
+
     async def main():
         loop = asyncio.get_running_loop()
         server = _Server(loop, path)
@@ -69,10 +133,10 @@ def child_server(path):
 class FloorServer:
     """The floor server in a child process, on a fresh file in the run's directory."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, stack="protocol"):
         self.log = open(os.path.join(directory, "wake-floor.log"), "ab")
         self.proc = subprocess.Popen(
-            child_command("swakefloor", os.path.join(directory, "floor.fs")),
+            child_command("swakefloor", os.path.join(directory, "floor.fs"), stack),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, cwd=REPO)
         ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT)
         line = self.proc.stdout.readline().decode() if ready else ""
@@ -111,8 +175,8 @@ class FloorAdapter(Adapter):
         self.conn.close()
 
 
-def _provision(directory):
-    server = FloorServer(directory)
+def _provision(directory, stack="protocol"):
+    server = FloorServer(directory, stack)
     return server.url, server
 
 
@@ -123,3 +187,13 @@ SHARED = SharedContender(
     "to a FileStorage (fsync'd) and then hands it to a waiting long poll; ackqueue.wire "
     "clients", _provision, lambda location, mode: FloorAdapter(location),
     scenarios=("e_xproc",))
+
+
+SHARED_AIOHTTP = SharedContender(
+    "service-wake-floor-aiohttp", "floor: aiohttp, FileStorage commit, long poll", "floor",
+    "blocking",
+    "a floor, not a queue: the same exchange as the bare floor, served by aiohttp (the "
+    "service's HTTP stack): a put handler awaits its FileStorage commit (fsync'd), a long "
+    "poll handler awaits a body; ackqueue.wire clients",
+    functools.partial(_provision, stack="aiohttp"),
+    lambda location, mode: FloorAdapter(location), scenarios=("e_xproc",))
