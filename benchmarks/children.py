@@ -17,6 +17,18 @@ import time
 from benchmarks.common import REPO, Timeout
 
 
+async def until_terminated():
+    """Wait, on the running loop, until SIGTERM or SIGINT: a helper server stopped this
+    way returns from asyncio.run and exits 0, so a run's report does not list its
+    stop as a problem (signal 15)."""
+    import asyncio
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
 def child_command(*argv):
     return [sys.executable, "-m", "benchmarks", "--child", *map(str, argv)]
 

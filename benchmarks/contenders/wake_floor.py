@@ -22,7 +22,7 @@ import re
 import select
 import subprocess
 
-from benchmarks.children import child_command, report, stop_server
+from benchmarks.children import child_command, report, stop_server, until_terminated
 from benchmarks.common import REPO
 from benchmarks.contenders.base import Adapter, SharedContender
 from benchmarks.scenarios.service_floor import Proto, Writer, answer
@@ -111,7 +111,7 @@ async def _serve_aiohttp(path):
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     report(event="ready", port=site._server.sockets[0].getsockname()[1])
-    await asyncio.Event().wait()
+    await until_terminated()
 
 
 def child_server(path, stack="protocol"):
@@ -126,7 +126,7 @@ def child_server(path, stack="protocol"):
         server = _Server(loop, path)
         srv = await loop.create_server(lambda: Proto(server.request), "127.0.0.1", 0)
         report(event="ready", port=srv.sockets[0].getsockname()[1])
-        await asyncio.Event().wait()
+        await until_terminated()
     asyncio.run(main())
 
 

@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 
-from benchmarks.children import Child, report
+from benchmarks.children import Child, report, until_terminated
 from benchmarks.common import fmt, make_item, percentile
 from benchmarks.scenarios import service_floor
 from benchmarks.scenarios.shared import SharedRun, in_child, record_failure
@@ -315,7 +315,7 @@ def child_floor_server(kind):
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
             report(event="ready", port=site._server.sockets[0].getsockname()[1])
-            await asyncio.Event().wait()
+            await until_terminated()
         asyncio.run(main())
         return
     answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -334,7 +334,7 @@ def child_floor_server(kind):
     async def main():
         srv = await asyncio.get_running_loop().create_server(Proto, "127.0.0.1", 0)
         report(event="ready", port=srv.sockets[0].getsockname()[1])
-        await asyncio.Event().wait()
+        await until_terminated()
     asyncio.run(main())
 
 

@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 
-from benchmarks.children import Child, report
+from benchmarks.children import Child, report, until_terminated
 from benchmarks.common import make_item
 from benchmarks.scenarios.shared import record_failure
 
@@ -155,7 +155,7 @@ def _aiohttp_server(path):
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         report(event="ready", port=site._server.sockets[0].getsockname()[1])
-        await asyncio.Event().wait()
+        await until_terminated()
     asyncio.run(main())
 
 
@@ -171,7 +171,7 @@ def child_server(kind, path):
             lambda: Proto(lambda line, transport, body: writer.submit(transport, body)),
             "127.0.0.1", 0)
         report(event="ready", port=srv.sockets[0].getsockname()[1])
-        await asyncio.Event().wait()
+        await until_terminated()
     asyncio.run(main())
 
 
