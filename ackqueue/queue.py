@@ -797,9 +797,16 @@ class AckPriorityQueue(AckQueue):
 
 
 def queues(path_or_db=None):
-    """Every named queue of a storage (a file path, a zeo:// URL or a ZODB.DB) with its
-    counts: {name: {"ready": r, "in_flight": f, "delayed": d}}: as the live queue in this
-    process knows them when it is open here, else as the store records them."""
+    """Every named queue of a storage (a file path, a zeo:// URL, a queue service's
+    http(s):// URL or a ZODB.DB) with its counts: {name: {"ready": r, "in_flight": f,
+    "delayed": d}}: as the live queue in this process knows them when it is open here,
+    else as the store (or the service) records them."""
+    if isinstance(path_or_db, str) and remote.is_url(path_or_db):
+        probe = AckQueue(path=path_or_db)     # a handle on the service: nothing is put
+        try:
+            return probe._database.list_queues()
+        finally:
+            probe.close()
     if isinstance(path_or_db, str) or path_or_db is None or hasattr(path_or_db, "__fspath__"):
         where = None if path_or_db is None else os.fspath(path_or_db)
         if where is not None and not where.startswith("zeo://") and not os.path.exists(where):

@@ -134,6 +134,18 @@ def test_messages_batches_options(q):
         a.ack("lo")
 
 
+def test_queues_lists_the_services_queues_with_their_counts(q, shared):
+    a, b = q(), q()
+    a.put_many(["x", "y", "z"])
+    held = a.get(timeout=10)
+    b.put("w", delay=60)
+    listing = ackqueue.queues(shared.url)         # the public listing, through the service
+    assert listing[a.name] == {"ready": 2, "in_flight": 1, "delayed": 0}
+    assert listing[b.name] == {"ready": 0, "in_flight": 0, "delayed": 1}
+    a.ack(held)
+    assert ackqueue.queues(shared.url)[a.name]["in_flight"] == 0
+
+
 def test_get_timeouts_and_nowait(q):
     a = q()
     start = time.monotonic()

@@ -15,7 +15,6 @@ from . import output
 from .output import Progress, echo_json, table
 from .targets import (EXIT_ERROR, CommandError, Target, _one_line, user_errors)
 from .transfer import BadLine, message_record, parse_line, queue_kind_of
-from ..remote import RemoteDatabase
 
 IMPORT_BATCH = 500          # messages put in one commit by import and put -/--jsonl
 
@@ -50,17 +49,6 @@ def cli():
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="print JSON (one document) for scripts")
-
-
-def _runs(batch):
-    """Consecutive (item, options) pairs with equal options, as (options, [items])."""
-    runs = []
-    for item, opts in batch:
-        if runs and runs[-1][0] == opts:
-            runs[-1][1].append(item)
-        else:
-            runs.append((opts, [item]))
-    return runs
 
 
 # -- demo and server: the commands ackqueue had before, unchanged --------------------------
@@ -396,15 +384,11 @@ def put_lines(q, stream, options, description, total=None):
 
     def flush():
         nonlocal done
-        if isinstance(q._database, RemoteDatabase):
-            # Through the queue service there is no transaction block: messages with the
-            # same options go in one put_many request (all or nothing), in file order.
-            for opts, items in _runs(batch):
-                q.put_many(items, **opts)
-        else:
-            with q.transaction():
-                for item, opts in batch:
-                    q.put(item, **opts)
+        # One commit per batch: in a file, one ZODB commit; through the queue service, one
+        # atomic batch request (ackqueue.remote_block), all or nothing, in file order.
+        with q.transaction():
+            for item, opts in batch:
+                q.put(item, **opts)
         done += len(batch)
         batch.clear()
 

@@ -9,7 +9,7 @@ import transaction
 
 from .. import store
 from ..errors import AckQueueError
-from ..queue import AckLifoQueue, AckPriorityQueue, AckQueue
+from ..queue import AckLifoQueue, AckPriorityQueue, AckQueue, queues
 from ..storage import open_database
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
@@ -116,19 +116,14 @@ class Target:
     def _service_catalog(self):
         """The catalog as the queue service reports it (GET /v1/queues, then each queue's
         counts and totals)."""
-        probe = AckQueue(path=self.where, name="default")   # a handle, not a queue: no put
-        try:
-            names = probe._database.list_queues()
-            result = {}
-            for name in names:
-                q = AckQueue(path=self.where, name=name)
-                try:
-                    result[name] = {"kind": store.FIFO, **q.stats()}
-                finally:
-                    q.close()
-            return result
-        finally:
-            probe.close()
+        result = {}
+        for name in queues(self.where):
+            q = AckQueue(path=self.where, name=name)
+            try:
+                result[name] = {"kind": store.FIFO, **q.stats()}
+            finally:
+                q.close()
+        return result
 
     def queue(self, name, *, must_exist=True, kind=None):
         """The queue called name, opened with its own class (FIFO, LIFO or priority).  A
