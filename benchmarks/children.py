@@ -29,6 +29,19 @@ async def until_terminated():
     await stop.wait()
 
 
+async def serve_app(app):
+    """Serve the aiohttp app on a free loopback port, report "ready" with the port, and
+    stop cleanly at SIGTERM (until_terminated)."""
+    from aiohttp import web
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    report(event="ready", port=site._server.sockets[0].getsockname()[1])
+    await until_terminated()
+    await runner.cleanup()
+
+
 def child_command(*argv):
     return [sys.executable, "-m", "benchmarks", "--child", *map(str, argv)]
 

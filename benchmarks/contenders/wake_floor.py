@@ -22,7 +22,7 @@ import re
 import select
 import subprocess
 
-from benchmarks.children import child_command, report, stop_server, until_terminated
+from benchmarks.children import child_command, report, serve_app, stop_server, until_terminated
 from benchmarks.common import REPO
 from benchmarks.contenders.base import Adapter, SharedContender
 from benchmarks.scenarios.service_floor import Proto, Writer, answer
@@ -106,12 +106,7 @@ async def _serve_aiohttp(path):
     app = web.Application()
     app.router.add_post("/put", server.put)
     app.router.add_get("/wait", server.wait)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    report(event="ready", port=site._server.sockets[0].getsockname()[1])
-    await until_terminated()
+    await serve_app(app)
 
 
 def child_server(path, stack="protocol"):

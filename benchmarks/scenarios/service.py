@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 
-from benchmarks.children import Child, report, until_terminated
+from benchmarks.children import Child, report, serve_app, until_terminated
 from benchmarks.common import fmt, make_item, percentile
 from benchmarks.scenarios import service_floor
 from benchmarks.scenarios.shared import SharedRun, in_child, record_failure
@@ -310,12 +310,7 @@ def child_floor_server(kind):
         async def main():
             app = web.Application()
             app.router.add_get("/{tail:.*}", hello)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            report(event="ready", port=site._server.sockets[0].getsockname()[1])
-            await until_terminated()
+            await serve_app(app)
         asyncio.run(main())
         return
     answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"

@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 
-from benchmarks.children import Child, report, until_terminated
+from benchmarks.children import Child, report, serve_app, until_terminated
 from benchmarks.common import make_item
 from benchmarks.scenarios.shared import record_failure
 
@@ -150,12 +150,7 @@ def _aiohttp_server(path):
 
         app = web.Application()
         app.router.add_post("/v1/queues/{name}/messages", post)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        report(event="ready", port=site._server.sockets[0].getsockname()[1])
-        await until_terminated()
+        await serve_app(app)
     asyncio.run(main())
 
 
