@@ -190,6 +190,7 @@ def test_transactions_commit_or_roll_back_as_one(server):
         assert q.unfinished_tasks == 0
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_thread_that_dies_gives_back_what_it_held(server):
     with AckQueue(path=server.url, name="threads") as q:
         q.put("job")
