@@ -219,8 +219,9 @@ class AckQueue(_stdlib_queue.Queue):
       the default: none).  A message taken ahead is in flight under this process's lease,
       its visibility deadline running, until a get here receives it; one no get receives
       within a second (or a tenth of its visibility timeout), or still there at close(),
-      goes back to its place with its receive count as it was (see ackqueue.shared).  It saves a server round trip per get; a message put later is
-      never received ahead of one already taken ahead.  FIFO queues only.
+      goes back to its place with its receive count as it was (see ackqueue.shared).  It
+      saves a server round trip per get; a message put later is never received ahead of
+      one already taken ahead.  FIFO queues only.
     """
 
     _kind = store.FIFO
