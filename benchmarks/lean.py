@@ -19,6 +19,13 @@ priorities, transactions, sharing, dead letters or bad-input handling.  The suit
 measures it side by side with the others in (a)-(e) as "ZODB lean (reference)": where even
 this misses a target, ZODB under CPython on this machine is what stands in the way, not
 ackqueue's features.
+
+With counted=True it also keeps, in every commit, ackqueue's own ``Counters`` object
+(ackqueue.store: the queue's counts and the journal of its ready set, a second record per
+commit, which is what lets ackqueue reopen a queue without a scan and keep its counts exact
+after a crash): a floor for store format 5's layout at the lean queue's Python (issue 28
+point 1).  It folds a full journal by emptying it, where ackqueue writes the ready set's
+segments, so it is, if anything, faster than that layout allows.
 """
 import collections
 import pickle
@@ -61,12 +68,16 @@ class _Unit:
 class LeanZodbQueue:
     """put / get(timeout) / ack(handle) / put_many / ack_many over one FileStorage file."""
 
-    def __init__(self, path):
+    def __init__(self, path, counted=False):
         self._db = DB(FileStorage(path))
         self._tm = transaction.TransactionManager(explicit=True)
         self._conn = self._db.open(transaction_manager=self._tm)
         with self._tm:
             self._segments = self._conn.root()["lean"] = LOBTree()
+            self._counters = None
+            if counted:
+                from ackqueue.store import Counters
+                self._counters = self._conn.root()["lean.counters"] = Counters()
         self._mutex = threading.Lock()
         self._not_empty = threading.Condition(self._mutex)
         self._ready = collections.deque()       # (seq, pickled item), committed puts
@@ -150,6 +161,24 @@ class LeanZodbQueue:
                 self._cond.notify()
         unit.done.wait()
 
+    def _count(self, batch):
+        """counted=True: what the batch changes in the queue's counts and ready set, in
+        ackqueue's Counters (written by this commit)."""
+        counters = self._counters
+        journal = counters.journal
+        puts = acks = 0
+        for unit in batch:
+            for seq, _ in unit.puts:
+                journal.added.add(seq)
+            for seq in unit.acks:
+                if not journal.added.discard(seq):
+                    journal.removed.add(seq)
+            puts += len(unit.puts)
+            acks += len(unit.acks)
+        counters.add(ready=puts - acks, put=puts, acked=acks)
+        if journal.full():
+            journal.added, journal.removed = type(journal.added)(), type(journal.removed)()
+
     def _run(self):
         while True:
             with self._cond:
@@ -181,6 +210,8 @@ class LeanZodbQueue:
                     segment._p_changed = True
                 else:
                     del segments[seq >> SEGMENT_BITS]
+        if self._counters is not None:
+            self._count(batch)
         self._tm.commit()
         self.commits += 1
         self.units += len(batch)

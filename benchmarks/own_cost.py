@@ -1,6 +1,7 @@
 """What one put, get and ack costs ackqueue itself, beside the lean ZODB queue (issue 28.1).
 
-For each of ackqueue (fsync), the lean queue (benchmarks/lean.py) and ackqueue's floor
+For each of ackqueue (fsync), the lean queue (benchmarks/lean.py), the lean queue writing
+ackqueue's Counters in every commit (lean.py, counted=True) and ackqueue's floor
 (benchmarks/contenders/ackqueue_floor.py), in one thread on a fresh file: N puts, then N get+acks one at a time (scenario (a)), then the same in batches
 of 100 (scenario (d)).  It reports, per phase:
 
@@ -97,10 +98,11 @@ class _Floor(_Ack):
 
 class _Lean:
     label = "ZODB lean (reference)"
+    counted = False
 
     def __init__(self, path):
         from benchmarks.lean import LeanZodbQueue
-        self.q = LeanZodbQueue(path)
+        self.q = LeanZodbQueue(path, counted=self.counted)
 
     def put(self, item):
         self.q.put(item)
@@ -119,6 +121,13 @@ class _Lean:
 
     def close(self):
         self.q.close()
+
+
+class _LeanCounted(_Lean):
+    """The lean queue writing ackqueue's Counters in every commit (lean.py, counted)."""
+
+    label = "ZODB lean + Counters (floor)"
+    counted = True
 
 
 def _phases(q, n, batch=100):
@@ -208,6 +217,11 @@ class _LeanOS(_Lean):
             lean.FileStorage = real
 
 
+class _LeanCountedOS(_LeanOS):
+    label = "ZODB lean + Counters (no fsync)"
+    counted = True
+
+
 class _FloorOS(_Floor):
     label = "floor (durability os)"
 
@@ -243,13 +257,13 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args(argv)
     if args.cpu:
-        for kind in (_AckOS, _LeanOS, _FloorOS):
+        for kind in (_AckOS, _LeanOS, _LeanCountedOS, _FloorOS):
             res = cpu(kind, args.n, args.reps)
             print(f"== {kind.label}: CPU us per item (least of {args.reps})")
             for phase, seconds in res.items():
                 print(f"  {phase:28s} {seconds * 1e6:8.1f}")
         return
-    for kind in (_Ack, _Lean, _Floor):
+    for kind in (_Ack, _Lean, _LeanCounted, _Floor):
         res = measure(kind, args.n, args.top)
         print(f"== {kind.label}")
         for phase, r in res.items():

@@ -26,6 +26,7 @@ def _contenders():
         ackqueue.FSYNC,
         ackqueue.DEFERRED,        # acks="deferred" (issue 28 point 3)
         lean.CONTENDER,
+        lean.COUNTED,             # a floor: the lean queue writing Counters (issue 28.1)
         ackqueue_floor.CONTENDER,  # a floor: no ready/counter writes (issue 28.1)
         ackqueue.MEMORY,
         ackqueue.OS,              # measured once AckQueue has durability= (issue 5)
@@ -57,7 +58,7 @@ def _shared():
 # Diagnostic contenders, run only when named with --contender: each measures the cost of
 # one part of ackqueue beside it (the ready/counter writes, the expiry index), not a
 # library a user would pick, and together they made a full run twice as long.
-OPT_IN = ("ackqueue-floor", "ackqueue-noexpiry", "ackqueue-os-noexpiry")
+OPT_IN = ("ackqueue-floor", "lean-counted", "ackqueue-noexpiry", "ackqueue-os-noexpiry")
 
 
 def all_ids():

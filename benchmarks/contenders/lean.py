@@ -53,3 +53,22 @@ CONTENDER = Contender(
     "durable ack queue on ZODB does (no ready index, counters, deadlines, "
     "give-back, ...): a reference for what ZODB allows, not a product",
     family="lean")
+
+
+class LeanCountedAdapter(LeanZodbAdapter):
+    """The lean queue with ackqueue's Counters written in every commit (lean.py,
+    counted=True): a floor for the layout of ackqueue's store, issue 28 point 1."""
+
+    def __init__(self, directory):
+        from benchmarks import lean
+        self.q = lean.LeanZodbQueue(os.path.join(directory, "lean.fs"), counted=True)
+
+
+LEAN_COUNTED = "ZODB lean + Counters (floor)"
+
+COUNTED = Contender(
+    "lean-counted", LEAN_COUNTED, LeanCountedAdapter,
+    "a floor, not a product: the lean ZODB queue that also writes ackqueue's Counters "
+    "(counts and the ready set's journal, a second record) in every commit, as ackqueue's "
+    "store format does; every commit fsync'd",
+    family="lean")
