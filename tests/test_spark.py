@@ -171,7 +171,7 @@ def test_poison_message_reaches_the_dead_letter_queue_after_max_receives(
     src = AckQueue(path=service.url, name="poison-in")
     src.put_many(["poison", "a"])
 
-    @udf("string")
+    @udf("string", useArrow=False)      # a plain Python UDF: no pandas needed
     def process(text):
         if text == "poison":
             raise ValueError("cannot process this one")
