@@ -136,9 +136,9 @@ def target_rows(report, reference="persist-queue", ours="ackqueue (fsync)",
     minimal ZODB queue measured in the same scenario of the same run (None where it was not
     run, or where the target is defined by it).  The bound of the 0.9x-lean targets is
     the lean queue that also writes ackqueue's Counters in every commit (counted), when it
-    ran: what the layout of ackqueue's store allows at the lean queue's Python.  Issue 5's (b) 2x and (c) 10x persist-queue
-    were withdrawn by issue 28: the floors showed them out of reach for any queue on an
-    fsync'd FileStorage."""
+    ran: what the layout of ackqueue's store allows at the lean queue's Python.  Issue 5's
+    (b) 2x and (c) 10x persist-queue were withdrawn by issue 28: the floors showed them
+    out of reach for any queue on an fsync'd FileStorage."""
     floors = report.get("floors") or {}
     files = [floors.get("file_at_start"), floors.get("file_at_end")]
     zeos = [floors.get("zeo_at_start"), floors.get("zeo_at_end")]

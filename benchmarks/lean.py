@@ -23,9 +23,10 @@ ackqueue's features.
 With counted=True it also keeps, in every commit, ackqueue's own ``Counters`` object
 (ackqueue.store: the queue's counts and the journal of its ready set, a second record per
 commit, which is what lets ackqueue reopen a queue without a scan and keep its counts exact
-after a crash): a floor for store format 5's layout at the lean queue's Python (issue 28
-point 1).  It folds a full journal by emptying it, where ackqueue writes the ready set's
-segments, so it is, if anything, faster than that layout allows.
+after a crash): a floor for the layout of ackqueue's store (since format 5) at the lean
+queue's Python (issue 28 point 1).  Where ackqueue writes the ready set's segments (a full
+journal folded, a batch of more than JOURNAL_BATCH keys) it writes nothing: it is, if
+anything, faster than that layout allows.
 """
 import collections
 import pickle
@@ -76,8 +77,10 @@ class LeanZodbQueue:
             self._segments = self._conn.root()["lean"] = LOBTree()
             self._counters = None
             if counted:
+                from ackqueue.journal import JOURNAL_BATCH
                 from ackqueue.store import Counters
                 self._counters = self._conn.root()["lean.counters"] = Counters()
+                self._journal_batch = JOURNAL_BATCH
         self._mutex = threading.Lock()
         self._not_empty = threading.Condition(self._mutex)
         self._ready = collections.deque()       # (seq, pickled item), committed puts
@@ -164,15 +167,19 @@ class LeanZodbQueue:
     def _count(self, batch):
         """counted=True: what the batch changes in the queue's counts and ready set, in
         ackqueue's Counters (written by this commit)."""
-        counters = self._counters
+        counters, most = self._counters, self._journal_batch
         journal = counters.journal
         puts = acks = 0
         for unit in batch:
-            for seq, _ in unit.puts:
-                journal.added.add(seq)
-            for seq in unit.acks:
-                if not journal.added.discard(seq):
-                    journal.removed.add(seq)
+            # As ackqueue's KeySet: a batch of more than JOURNAL_BATCH keys goes to the
+            # ready set's segments, not through the journal (here: nowhere at all).
+            if len(unit.puts) <= most:
+                for seq, _ in unit.puts:
+                    journal.added.add(seq)
+            if len(unit.acks) <= most:
+                for seq in unit.acks:
+                    if not journal.added.discard(seq):
+                        journal.removed.add(seq)
             puts += len(unit.puts)
             acks += len(unit.acks)
         counters.add(ready=puts - acks, put=puts, acked=acks)
