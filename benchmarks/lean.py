@@ -184,7 +184,7 @@ class LeanZodbQueue:
             acks += len(unit.acks)
         counters.add(ready=puts - acks, put=puts, acked=acks)
         if journal.full():
-            journal.added, journal.removed = type(journal.added)(), type(journal.removed)()
+            counters.journal = type(journal)()   # emptied, where KeySet.fold writes segments
 
     def _run(self):
         while True:
