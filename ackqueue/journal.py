@@ -15,8 +15,15 @@ of (start, end) pairs, not as one integer per key.
 A journal is two KeyRuns: ``added`` (keys in the set but not in its segments) and
 ``removed`` (keys in its segments but not in the set).  The set is then
 (segments - removed) | added; the two never share a key.
+
+A batch whose keys are one run (a FIFO or LIFO put_many, the ack_many of a get_many) is
+taken as one run too, whatever its size, so a batch writes no segment of the set either
+(until the journal is folded).  The journal is bounded by its runs, which is what it
+stores, and by JOURNAL_KEYS keys, which is what a fold writes at once: merging two
+concurrent journals (merge_states) works on the runs' ends, not on their keys, so a
+journal of thousands of keys merges as fast as one of ten.
 """
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from itertools import chain
 
 from ZODB.POSException import ConflictError
@@ -25,9 +32,10 @@ __all__ = ["KeyRuns", "KeyJournal", "JOURNAL_KEYS", "JOURNAL_RUNS", "JOURNAL_BAT
            "merge_states",
            "ADDED", "REMOVED"]
 
-JOURNAL_KEYS = 256      # keys in a journal above which it is folded (one full segment)
+JOURNAL_KEYS = 4096     # keys in a journal above which it is folded (16 full segments)
 JOURNAL_RUNS = 16       # runs in a journal above which it is folded (mixed priorities)
-JOURNAL_BATCH = 16      # keys changed at once above which they go to the segments directly
+JOURNAL_BATCH = 16      # keys changed at once, not one run, above which they go to the
+                        # segments directly
 ADDED, REMOVED = "ready+", "ready-"     # the names a journal is stored under (Counters)
 
 
@@ -92,6 +100,46 @@ class KeyRuns:
             ends.insert(i + 1, key + 1)
         return True
 
+    def overlaps(self, start, end):
+        """Whether any key of [start, end) is in the set."""
+        i = bisect_right(self.starts, end - 1) - 1
+        return i >= 0 and self.ends[i] > start
+
+    def add_range(self, start, end):
+        """Add every key of [start, end) (none of which may be in the set yet: see
+        overlaps), joining the runs it touches."""
+        starts, ends = self.starts, self.ends
+        i = bisect_left(ends, start)          # the first run that ends at start or after
+        j = bisect_right(starts, end)         # the runs from i to j touch [start, end)
+        self.count += end - start
+        if i < j:
+            start, end = min(start, starts[i]), max(end, ends[j - 1])
+        starts[i:j] = [start]
+        ends[i:j] = [end]
+
+    def remove_range(self, start, end):
+        """Remove every key of [start, end) that is in the set; return the [(start, end)]
+        runs that were removed."""
+        starts, ends = self.starts, self.ends
+        i = bisect_right(starts, start) - 1
+        if i < 0 or ends[i] <= start:
+            i += 1
+        j = bisect_left(starts, end)          # runs i to j - 1 hold keys of [start, end)
+        if i >= j:
+            return []
+        gone = [(max(s, start), min(e, end)) for s, e in zip(starts[i:j], ends[i:j])]
+        keep_starts, keep_ends = [], []
+        if starts[i] < start:                 # the part of run i before start stays
+            keep_starts.append(starts[i])
+            keep_ends.append(start)
+        if ends[j - 1] > end:                 # the part of run j - 1 after end stays
+            keep_starts.append(end)
+            keep_ends.append(ends[j - 1])
+        starts[i:j] = keep_starts
+        ends[i:j] = keep_ends
+        self.count -= sum(e - s for s, e in gone)
+        return gone
+
     def discard(self, key):
         """Remove key; True if it was there."""
         starts, ends = self.starts, self.ends
@@ -150,15 +198,32 @@ def merge_states(old, committed, new):
     """The journal that merges two concurrent changes of old (all three as dicts from
     stored(), popped from the values they came in), as a dict to store; ConflictError
     when both changed one key (two claims of one message, or a fold beside a change of a
-    key it folded: the commit is then retried on the folded set)."""
+    key it folded: the commit is then retried on the folded set).
+
+    It works on the runs' ends: a set of runs stored flat, (start0, end0, start1, ...), is
+    the sorted list of the points where membership toggles, so the keys that differ
+    between two sets are the runs of the points that only one of them has."""
     merged = {}
     for name in (ADDED, REMOVED):
-        before = set(KeyRuns(old.get(name, ())))
-        theirs = before ^ set(KeyRuns(committed.get(name, ())))
-        ours = before ^ set(KeyRuns(new.get(name, ())))
-        if theirs & ours:
+        before = set(old.get(name, ()))
+        theirs = before.symmetric_difference(committed.get(name, ()))   # keys they changed
+        ours = before.symmetric_difference(new.get(name, ()))           # keys we changed
+        if _runs_meet(sorted(theirs), sorted(ours)):
             raise ConflictError("both transactions changed the same ready-set entry")
-        keys = before ^ theirs ^ ours
-        if keys:
-            merged[name] = KeyRuns.of(keys).flat()
+        points = before ^ theirs ^ ours
+        if points:
+            merged[name] = tuple(sorted(points))
     return merged
+
+
+def _runs_meet(a, b):
+    """Whether two sets of runs, each a sorted list of toggle points, share a key."""
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i] < b[j + 1] and b[j] < a[i + 1]:
+            return True
+        if a[i + 1] <= b[j + 1]:
+            i += 2
+        else:
+            j += 2
+    return False

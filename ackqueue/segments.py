@@ -379,6 +379,11 @@ class KeySet(SegmentedIndex):
         return True
 
     def add_many(self, keys):
+        holder = self.journal_holder
+        if holder is not None and len(keys) > 1:
+            run = _one_run(keys)
+            if run is not None and self._add_run(holder, *run):
+                return
         if not self._journal_takes(keys):
             self._set_many(zip(keys, repeat(None)))
             return
@@ -386,22 +391,83 @@ class KeySet(SegmentedIndex):
             self.add(key)
 
     def discard_many(self, keys):
+        """discard() each key; return the set of keys that were there."""
+        holder = self.journal_holder
+        if holder is not None and len(keys) > 1:
+            run = _one_run(keys)
+            if run is not None:
+                return self._discard_run(holder, *run)
         if not self._journal_takes(keys):
             return SegmentedIndex.discard_many(self, keys)
         discard = self.discard
         return {key for key in keys if discard(key)}
 
     def _journal_takes(self, keys):
-        """Whether a batch of changes goes through the journal: not without one, and not
-        a batch of more than JOURNAL_BATCH keys, which writes a segment of the set anyway:
-        the journal is folded and the batch written to the segments at once (one segment
-        lookup per run of neighbours, instead of one journal change per key)."""
+        """Whether a batch of changes that is not one run goes through the journal: not
+        without one, and not a batch of more than JOURNAL_BATCH keys, which writes a
+        segment of the set anyway: the journal is folded and the batch written to the
+        segments at once (one segment lookup per run of neighbours, instead of one journal
+        change per key)."""
         if self.journal_holder is None:
             return False
         if len(keys) <= JOURNAL_BATCH:
             return True
         self.fold()
         return False
+
+    def _add_run(self, holder, start, end):
+        """Add the keys [start, end) to the journal as one run, when none of them is in
+        the set or in the journal's removals (new messages' keys); False to leave the
+        batch to the key-by-key rules."""
+        journal = holder.journal
+        if (journal.added.overlaps(start, end) or journal.removed.overlaps(start, end)
+                or self._segments_hold(start, end)):
+            return False
+        journal.added.add_range(start, end)
+        self._journal_changed(holder, journal)
+        return True
+
+    def _discard_run(self, holder, start, end):
+        """discard_many of the keys [start, end): those in the journal's additions leave
+        them, those in the segments join its removals, as runs; returns the keys that were
+        in the set."""
+        journal = holder.journal
+        was = set()
+        for low, high in journal.added.remove_range(start, end):
+            was.update(range(low, high))
+        if len(was) < end - start:
+            found = self._segments_hold(start, end, collect=True)
+            if found and journal.removed.overlaps(start, end):
+                found = {key for key in found if key not in journal.removed}
+            if found:
+                low, high = min(found), max(found) + 1
+                if high - low == len(found):
+                    journal.removed.add_range(low, high)
+                else:
+                    for key in sorted(found):
+                        journal.removed.add(key)
+                was |= found
+        if was:
+            self._journal_changed(holder, journal)
+        return was
+
+    def _segments_hold(self, start, end, collect=False):
+        """Whether the segments (without the journal) hold a key of [start, end); with
+        collect, the set of those keys."""
+        bits, segments = self.bits, self.segments
+        found = set()
+        for number in range(start >> bits, ((end - 1) >> bits) + 1):
+            segment = segments.get(number)
+            if segment is None:
+                continue
+            keys = range(max(start, number << bits), min(end, (number + 1) << bits))
+            data = segment.data
+            if not collect:
+                if not data.keys().isdisjoint(keys):
+                    return True
+            elif data:
+                found |= data.keys() & keys
+        return found if collect else False
 
     def __setitem__(self, key, value):
         if value is not None:
@@ -491,6 +557,15 @@ class KeySet(SegmentedIndex):
         if holder is None:
             return None
         return holder.journal or None
+
+
+def _one_run(keys):
+    """(start, end) when keys are the integers of [start, end), each once, in any order
+    (a FIFO or LIFO batch's keys); else None."""
+    low, high = min(keys), max(keys) + 1
+    if high - low != len(keys) or len(set(keys)) != len(keys):
+        return None
+    return low, high
 
 
 Msg = namedtuple("Msg", "body priority sent_at receive_count first_received last_received "

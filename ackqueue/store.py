@@ -35,7 +35,7 @@ Why this shape:
 - messages and ready are segmented indexes (ackqueue.segments): runs of neighbouring keys
   per persistent segment (16 messages; 256 ready keys, packed 8 bytes each, so that an
   open loads few objects; the ready set's recent changes wait in its journal, folded
-  into these segments once they pass 256 keys), whose conflict resolution (the
+  into these segments once they pass 4,096 keys or 16 runs), whose conflict resolution (the
   journal's too) merges concurrent changes to different messages, including at the head
   of the queue, where BTree buckets refuse to merge ("Delete of first key").  So writers
   that touch different messages (the committer, an application's own connection, other

@@ -24,9 +24,10 @@ With counted=True it also keeps, in every commit, ackqueue's own ``Counters`` ob
 (ackqueue.store: the queue's counts and the journal of its ready set, a second record per
 commit, which is what lets ackqueue reopen a queue without a scan and keep its counts exact
 after a crash): a floor for the layout of ackqueue's store (since format 5) at the lean
-queue's Python (issue 28 point 1).  Where ackqueue writes the ready set's segments (a full
-journal folded, a batch of more than JOURNAL_BATCH keys) it writes nothing: it is, if
-anything, faster than that layout allows.
+queue's Python (issue 28 point 1).  A batch whose keys are one run goes to the journal as
+one run, as ackqueue's does.  Where ackqueue writes the ready set's segments (a full
+journal folded, a batch of more than JOURNAL_BATCH keys that is not one run) it writes
+nothing: it is, if anything, faster than that layout allows.
 """
 import collections
 import pickle
@@ -171,15 +172,28 @@ class LeanZodbQueue:
         journal = counters.journal
         puts = acks = 0
         for unit in batch:
-            # As ackqueue's KeySet: a batch of more than JOURNAL_BATCH keys goes to the
-            # ready set's segments, not through the journal (here: nowhere at all).
-            if len(unit.puts) <= most:
-                for seq, _ in unit.puts:
-                    journal.added.add(seq)
-            if len(unit.acks) <= most:
-                for seq in unit.acks:
-                    if not journal.added.discard(seq):
-                        journal.removed.add(seq)
+            # As ackqueue's KeySet: a batch whose keys are one run goes to the journal as
+            # one run; another batch of more than JOURNAL_BATCH keys goes to the ready
+            # set's segments, not through the journal (here: nowhere at all).
+            if unit.puts:
+                first, last = unit.puts[0][0], unit.puts[-1][0]
+                if len(unit.puts) > 1 and last - first + 1 == len(unit.puts):
+                    journal.added.add_range(first, last + 1)
+                elif len(unit.puts) <= most:
+                    for seq, _ in unit.puts:
+                        journal.added.add(seq)
+            if unit.acks:
+                low, high = min(unit.acks), max(unit.acks) + 1
+                if len(unit.acks) > 1 and high - low == len(unit.acks):
+                    start = low               # keys not in the journal's additions were
+                    for s, e in journal.added.remove_range(low, high) + [(high, high)]:
+                        if start < s:         # folded: they join its removals, as runs
+                            journal.removed.add_range(start, s)
+                        start = e
+                elif len(unit.acks) <= most:
+                    for seq in unit.acks:
+                        if not journal.added.discard(seq):
+                            journal.removed.add(seq)
             puts += len(unit.puts)
             acks += len(unit.acks)
         counters.add(ready=puts - acks, put=puts, acked=acks)

@@ -43,6 +43,72 @@ def test_runs_hold_the_same_keys_as_a_set(seed):
                                                                 zip(starts, ends))
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_ranges_added_and_removed_hold_the_same_keys_as_a_set(seed):
+    rng = random.Random(seed)
+    runs, model = KeyRuns(), set()
+    for _ in range(2000):
+        start = rng.randrange(300)
+        end = start + rng.randrange(1, 30)
+        span = set(range(start, end))
+        assert runs.overlaps(start, end) == bool(span & model)
+        if rng.random() < 0.5 and not span & model:
+            runs.add_range(start, end)
+            model |= span
+        else:
+            gone = runs.remove_range(start, end)
+            assert set().union(*(range(s, e) for s, e in gone)) == span & model
+            model -= span
+        assert len(runs) == len(model)
+        assert KeyRuns.of(model).flat() == (runs.flat() if model else ())
+    assert list(runs) == sorted(model)
+
+
+def _merge_by_keys(old, committed, new):
+    """merge_states' rule, key by key (what it computed before it worked on runs)."""
+    merged = {}
+    for name in (journal.ADDED, journal.REMOVED):
+        before = set(KeyRuns(old.get(name, ())))
+        theirs = before ^ set(KeyRuns(committed.get(name, ())))
+        ours = before ^ set(KeyRuns(new.get(name, ())))
+        if theirs & ours:
+            raise ConflictError("both")
+        keys = before ^ theirs ^ ours
+        if keys:
+            merged[name] = KeyRuns.of(keys).flat()
+    return merged
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_merging_on_the_runs_ends_merges_as_key_by_key(seed):
+    rng = random.Random(seed)
+
+    def some_runs():
+        return {name: KeyRuns.of(rng.sample(range(60), rng.randrange(0, 25))).flat()
+                for name in (journal.ADDED, journal.REMOVED) if rng.random() < 0.8}
+
+    conflicts = merges = 0
+    for _ in range(500):
+        old = some_runs()
+        committed, new = dict(old), dict(old)
+        for side in (committed, new):
+            if rng.random() < 0.7:           # a few keys changed on each side
+                for name in (journal.ADDED, journal.REMOVED):
+                    keys = set(KeyRuns(side.get(name, ())))
+                    keys ^= set(rng.sample(range(60), rng.randrange(0, 8)))
+                    side[name] = KeyRuns.of(keys).flat()
+        try:
+            expected = _merge_by_keys(old, committed, new)
+        except ConflictError:
+            with pytest.raises(ConflictError):
+                journal.merge_states(old, committed, new)
+            conflicts += 1
+        else:
+            assert journal.merge_states(old, committed, new) == expected
+            merges += 1
+    assert conflicts > 10 and merges > 100          # both outcomes were tried
+
+
 def test_neighbouring_keys_are_stored_as_one_run():
     runs = KeyRuns()
     for key in range(1000, 1300):
@@ -98,20 +164,83 @@ def test_a_journaled_set_reads_as_the_set_its_changes_make(tmp_path, monkeypatch
         db.close()
 
 
-def test_a_batch_goes_to_the_segments_and_small_changes_to_the_journal(tmp_path):
+def test_a_scattered_batch_goes_to_the_segments_and_small_changes_to_the_journal(tmp_path):
     db = ZODB.DB(FileStorage(str(tmp_path / "set.fs")))
+    scattered = list(range(100, 100 + 2 * (journal.JOURNAL_BATCH + 1), 2))
     try:
         with db.transaction() as conn:
             ready = journaled(conn.root())
             ready.add(1)
-            ready.add_many(list(range(100, 100 + journal.JOURNAL_BATCH + 1)))
+            ready.add_many(scattered)
             assert not ready.journal_holder.journal     # folded, then written at once
-            assert SegmentedKeys(ready) == [1] + list(range(100, 117))
+            assert SegmentedKeys(ready) == [1] + scattered
             ready.discard(1)
             ready.add(2)
             assert ready.journal_holder.journal.stored() == {journal.ADDED: (2, 3),
                                                              journal.REMOVED: (1, 2)}
-            assert list(ready) == [2] + list(range(100, 117))
+            assert list(ready) == [2] + scattered
+    finally:
+        db.close()
+
+
+def test_a_batch_that_is_one_run_goes_to_the_journal_as_one_run(tmp_path):
+    """A FIFO put_many's keys, and the ack_many of what a get_many took: no segment of
+    the set is written, whatever the batch's size (up to JOURNAL_KEYS)."""
+    db = ZODB.DB(FileStorage(str(tmp_path / "set.fs")))
+    try:
+        with db.transaction() as conn:
+            ready = journaled(conn.root())
+            ready.add_many(list(range(1000, 1500)))
+            ready.add_many(list(range(1599, 1499, -1)))   # a LIFO batch: descending
+            assert ready.journal_holder.journal.stored() == {journal.ADDED: (1000, 1600)}
+            assert ready.discard_many(list(range(1000, 1100))) == set(range(1000, 1100))
+            assert ready.journal_holder.journal.stored() == {journal.ADDED: (1100, 1600)}
+            ready.fold()
+            assert ready.discard_many(list(range(1090, 1200))) == set(range(1100, 1200))
+            assert ready.journal_holder.journal.stored() == {journal.REMOVED: (1100, 1200)}
+            assert SegmentedKeys(ready) == list(range(1100, 1600))
+            assert list(ready) == list(range(1200, 1600))
+            ready.add_many(list(range(1150, 1250)))   # partly in the set: key by key
+            assert list(ready) == list(range(1150, 1600))
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batches_of_runs_and_of_scattered_keys_read_as_the_set(tmp_path, monkeypatch, seed):
+    """Random batches (runs, runs that overlap the set, scattered keys) and single
+    changes, committed one by one and read back from a reopened file."""
+    monkeypatch.setattr(journal, "JOURNAL_KEYS", 60)
+    monkeypatch.setattr(journal, "JOURNAL_RUNS", 5)
+    rng = random.Random(seed)
+    path = str(tmp_path / "set.fs")
+    db = ZODB.DB(FileStorage(path))
+    model = set()
+    with db.transaction() as conn:
+        journaled(conn.root())
+    for _ in range(300):
+        with db.transaction() as conn:
+            ready = conn.root()["ready"]
+            start = rng.randrange(200)
+            if rng.random() < 0.7:
+                keys = list(range(start, start + rng.randrange(2, 40)))
+                if rng.random() < 0.3:
+                    keys.reverse()
+            else:
+                keys = rng.sample(range(240), rng.randrange(2, 30))
+            if rng.random() < 0.5:
+                ready.add_many(keys)
+                model.update(keys)
+            else:
+                assert ready.discard_many(keys) == model & set(keys)
+                model.difference_update(keys)
+    db.close()
+    db = ZODB.DB(FileStorage(path, read_only=True))
+    try:
+        ready = db.open().root()["ready"]
+        assert list(ready) == ready.key_list() == sorted(model)
+        assert len(ready) == len(model)
+        assert all((key in ready) == (key in model) for key in range(260))
     finally:
         db.close()
 
@@ -243,14 +372,15 @@ def test_a_sigkill_with_changes_in_the_journal_loses_none_of_them(tmp_path):
         import os, signal, sys
         from ackqueue import AckQueue
         q = AckQueue(path=sys.argv[1])
-        q.put_many(range(20))       # in the segments (a batch)
+        q.put_many(range(20))       # in the journal, as one run
+        q.put_many(range(20, 20 + int(sys.argv[2])))   # fills it: folded to the segments
         for i in range(20, 30):
             q.put(i)                # in the journal
         for _ in range(5):
             q.ack(q.get())          # 0-4, in the journal
         print("done", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-    """), path], capture_output=True, text=True, timeout=60)
+    """), path, str(journal.JOURNAL_KEYS)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     db = ZODB.DB(FileStorage(path, read_only=True))
     try:
@@ -258,11 +388,13 @@ def test_a_sigkill_with_changes_in_the_journal_loses_none_of_them(tmp_path):
         assert len(counts.journal.added) == 10 and len(counts.journal.removed) == 5
     finally:
         db.close()
+    total = 20 + journal.JOURNAL_KEYS
     with AckQueue(path=path) as q:
-        assert q.qsize() == 25
+        assert q.qsize() == total + 5
         stats = q.stats()
-        assert (stats["put"], stats["acked"]) == (30, 5)
-        assert [q.get() for _ in range(25)] == list(range(5, 30))
+        assert (stats["put"], stats["acked"]) == (total + 10, 5)
+        assert q.get_many(total + 5) == (list(range(5, 20)) + list(range(20, total))
+                                         + list(range(20, 30)))
 
 
 def test_counters_without_a_journal_store_what_they_stored_before():
