@@ -151,6 +151,10 @@ class Ticket:
         except Exception:  # a callback bug must not stall every later commit
             log.exception("ackqueue: commit callback failed")
         finally:
+            # The callbacks often close over the ticket (an ack's checks its own first
+            # attempt): dropped once run, that cycle, and the deliveries and messages it
+            # holds, are freed at once instead of by the garbage collector.
+            self.on_commit = self.on_fail = None
             self._done.set()
 
 

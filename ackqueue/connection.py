@@ -17,6 +17,7 @@ store changes are written, just before it commits, through the application's own
 """
 import logging
 import math
+import operator
 import threading
 import weakref
 
@@ -137,7 +138,7 @@ class TransactionBlock:
         self.conn = conn
         self.got = []             # holdings received inside: acknowledged by the commit
         self.acks = []            # holdings acknowledged inside
-        self.put_ops = []         # store.Put operations
+        self.put_ops = []         # store.Put and PutRun operations
         self.put_entries = []     # (seq, key, meta, visible_at) made visible by the commit
         self.finished = False
 
@@ -319,18 +320,19 @@ class _Savepoint:
 
     def __init__(self, block):
         self.block = block
-        self.marks = (len(block.got), len(block.acks), len(block.put_ops))
+        self.marks = (len(block.got), len(block.acks), len(block.put_ops),
+                      len(block.put_entries))
 
     def rollback(self):
         block = self.block
-        ngot, nacks, nputs = self.marks
+        ngot, nacks, nputs, nentries = self.marks
         state = block.conn._state
         later = TransactionBlock(block.conn)
         later.got, block.got = block.got[ngot:], block.got[:ngot]
         later.acks, block.acks = block.acks[nacks:], block.acks[:nacks]
         later.put_ops, block.put_ops = block.put_ops[nputs:], block.put_ops[:nputs]
-        later.put_entries, block.put_entries = (block.put_entries[nputs:],
-                                                block.put_entries[:nputs])
+        later.put_entries, block.put_entries = (block.put_entries[nentries:],
+                                                block.put_entries[:nentries])
         state.txn_rolled_back(later, "a savepoint was rolled back")
         _forget(later.got)
 
@@ -380,7 +382,9 @@ class QueueConnection(ThreadBound):
             self.thread_bound = False     # never given back for a thread's end
             self._thread = None
         self._holdings = {}         # token -> Holding, oldest delivery first
-        self._by_item = {}          # id(item got) -> [its Holdings in _holdings], for find
+        # id(item got) -> its Holding in _holdings, for find; a list of them when several
+        # deliveries returned one object (an item that unpickles to a shared int, None).
+        self._by_item = {}
         self._prune_at = RELEASED_KEPT  # len(_holdings) above which _prune looks again
         self._block = None          # the explicit transaction block in progress
         self._app_block = None      # the application transaction block in progress
@@ -480,7 +484,7 @@ class QueueConnection(ThreadBound):
         if txn is not None:
             txn.put_ops.extend(ops)
             txn.put_entries.extend(entries)
-            return [None if op.seq is None else MessageId(op.seq) for op in ops]
+            return _message_ids(ops)
         def committed():
             state.puts_committed(entries)
             if then is not None:
@@ -499,7 +503,7 @@ class QueueConnection(ThreadBound):
             raise
         if then is None:
             ticket.wait()
-        return [MessageId(op.seq) for op in ops]
+        return _message_ids(ops)
 
     # -- get ------------------------------------------------------------------------------
 
@@ -580,11 +584,9 @@ class QueueConnection(ThreadBound):
                     pass
                 else:
                     holdings[h.token] = h
-                    same = by_item.get(id(h.item))
-                    if same is None:
-                        by_item[id(h.item)] = [h]
-                    else:
-                        same.append(h)
+                    same = by_item.setdefault(id(h.item), h)    # _index, inline
+                    if same is not h:
+                        _index_again(by_item, id(h.item), same, h)
                     got.append(h)
                     continue
             try:
@@ -625,7 +627,9 @@ class QueueConnection(ThreadBound):
                 f"it was given back, to be visible again in {UNREADABLE_DELAY:g} s"
             ) from exc
         self._holdings[h.token] = h
-        self._by_item.setdefault(id(h.item), []).append(h)
+        same = self._by_item.setdefault(id(h.item), h)
+        if same is not h:
+            _index_again(self._by_item, id(h.item), same, h)
         if txn is not None:
             h.txn = txn
             txn.got.append(h)
@@ -676,7 +680,9 @@ class QueueConnection(ThreadBound):
         if isinstance(x, Message):
             return x._holding if x.queue == self._state.name else None
         same = self._by_item.get(id(x))
-        if same:
+        if same is not None:
+            if type(same) is not list:
+                return same
             # Live deliveries first: an item that unpickles to a shared object (a small
             # int, None) may name an older, given-back delivery of the same message too.
             for h in same:
@@ -694,7 +700,7 @@ class QueueConnection(ThreadBound):
         # The usual case, inline: the item got here, in one delivery (an item is alive
         # while held, so no other object shares its id; a Message is found by find).
         by_item, find = self._by_item, self.find
-        return [same[0] if (same := by_item.get(id(x))) is not None and same[-1] is same[0]
+        return [same if (same := by_item.get(id(x))) is not None and type(same) is not list
                 else find(x) for x in items]
 
     def ack(self, x):
@@ -806,18 +812,22 @@ class QueueConnection(ThreadBound):
         pop, by_item = self._holdings.pop, self._by_item
         for h in holdings:
             if pop(h.token, None) is not None:
-                same = by_item[id(h.item)]            # _unindex, inline
-                same.remove(h)
-                if not same:
+                if by_item[id(h.item)] is h:          # _unindex, inline
                     del by_item[id(h.item)]
+                else:
+                    self._unindex(h)
         if len(self._holdings) > self._prune_at:
             self._prune()
 
     def _unindex(self, h):
-        same = self._by_item[id(h.item)]
+        key = id(h.item)
+        same = self._by_item[key]
+        if same is h:
+            del self._by_item[key]
+            return
         same.remove(h)
-        if not same:
-            del self._by_item[id(h.item)]
+        if len(same) == 1:
+            self._by_item[key] = same[0]
 
     def _prune(self):
         # Given-back deliveries are kept a while so that a late ack says why it is late.
@@ -897,17 +907,44 @@ class QueueConnection(ThreadBound):
         return False
 
 
+def _message_ids(ops):
+    """The MessageIds of the messages that put operations put, in order (None for a
+    message that the store numbers when a transaction block commits)."""
+    ids = []
+    for op in ops:
+        if type(op) is store.PutRun:
+            ids.extend(map(MessageId, op.seqs))
+        else:
+            ids.append(None if op.seq is None else MessageId(op.seq))
+    return ids
+
+
 class _Unreadable(AckQueueError):
     """A received message whose item cannot be unpickled (it was set aside)."""
 
 
+def _index_again(by_item, key, same, h):
+    """Index h under key, where same (a Holding, or a list of them) is already."""
+    if type(same) is list:
+        same.append(h)
+    else:
+        by_item[key] = [same, h]
+
+
 def _forget(holdings):
     """Drop settled deliveries from the connections that received them."""
+    holders = set(map(_holder_of, holdings))
+    if len(holders) == 1:             # the usual case: one thread's own deliveries
+        holders.pop()._forget(holdings)
+        return
     by_holder = {}
     for h in holdings:
         by_holder.setdefault(h.holder, []).append(h)
     for holder, some in by_holder.items():
         holder._forget(some)
+
+
+_holder_of = operator.attrgetter("holder")
 
 
 def _active_app_transaction():

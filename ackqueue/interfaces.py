@@ -55,7 +55,9 @@ class IQueueState(Interface):
 
     def new_messages(seqs, pairs, now, opts, dedup_ids):
         """new_message for each seq, (item, body) pair and dedup id (dedup_ids None: none),
-        in one pass: ([store operations], [entries])."""
+        in one pass: ([store operations], entries).  The operations may be fewer than the
+        messages (store.PutRun: columns); entries is sized and iterates as new_message's
+        entries, one per message."""
 
     def puts_committed(entries):
         """Durable puts become visible (ready, or delayed until their time)."""
@@ -181,7 +183,8 @@ class IArbiter(Interface):
         """The store operation that acknowledges a delivery."""
 
     def ack_ops(holdings):
-        """[ack_op(h) for h in holdings], in one pass."""
+        """The store operations that acknowledge holdings in one commit: [ack_op(h) for h
+        in holdings], or fewer operations that do the same (store.AckRun: columns)."""
 
     def put_back(holding, visible_at, now):
         """The message of a delivery just given back returns to its place, ready now

@@ -169,6 +169,32 @@ def loads_or_none(body, allowed=None):
         return None
 
 
+class _RunArrivals:
+    """The entries of a PutRun (new_messages' usual batch), as columns: arrive() takes them
+    whole; anything else iterates them as new_message's entries, one per message."""
+
+    __slots__ = ("seqs", "keys", "bodies", "header")
+
+    def __init__(self, seqs, keys, bodies, header):
+        self.seqs, self.keys, self.bodies = seqs, keys, bodies
+        self.header = header          # (priority, sent_at, expires_at, attributes)
+
+    def __len__(self):
+        return len(self.seqs)
+
+    def __iter__(self):
+        header = self.header
+        for seq, key, body in zip(self.seqs, self.keys, self.bodies):
+            yield seq, key, _fresh_meta((body, header)), None
+
+
+def _fresh_meta(cached):
+    """The Meta of a message cached as (body, (priority, sent_at, expires_at, attributes)):
+    put here, never received."""
+    body, (priority, sent_at, expires_at, attributes) = cached
+    return Meta(body, priority, sent_at, 0, None, None, expires_at, attributes)
+
+
 def _delivery(h):
     """What the store must learn of a delivery it never saw claimed: (receive count, first
     and last receive times); None when its Claim was written."""
@@ -189,7 +215,12 @@ class LocalArbiter:
         self.committer = state.committer
         self.ready = None            # IntOrder or ValueOrder of keys (see memory_key)
         self.delayed = []            # heap of (visible_at, seq, key)
-        self.meta = {}               # seq -> Meta, for messages this process put or delivered
+        # seq -> Meta, for messages this process put or delivered; a message put here and
+        # never received is kept as (body, (priority, sent_at, expires_at, attributes)),
+        # plain data the garbage collector stops tracking, and made a Meta when taken
+        # (_cached): a queue of a million waiting messages then costs each collection
+        # nothing, where a million Metas were traversed by every full collection.
+        self.meta = {}
         self.cached_bytes = 0
         self.next_seq = None
         # A leaf lock (never held while taking another) for sequence numbers, so that
@@ -313,26 +344,27 @@ class LocalArbiter:
                     seq, (item, body), dedup_id in zip(seqs, pairs,
                                                        dedup_ids or [None] * len(pairs))]
             return [op for op, _ in made], [entry for _, entry in made]
-        # The usual batch, in one pass: new_message's store key (FIFO or LIFO, one
-        # priority), Meta and Put for each message.
-        name, priority, attributes = self.name, opts.priority, opts.attributes
-        expires_at = now + opts.retention
+        # The usual batch (FIFO or LIFO, one priority, no delay, no dedup ids), as columns:
+        # one PutRun, whatever the batch's size.
+        priority = opts.priority
         rank = (store.PRIORITY_MAX - priority) << store.SEQ_BITS
-        lifo, mask = kind == store.LIFO, store.SEQ_MASK
-        put = store.Put
-        ops, entries = [], []
-        for seq, (item, body) in zip(seqs, pairs):
-            skey = rank | ((mask - seq) if lifo else seq)
-            ops.append(put(name, seq, skey, body, priority, now, None, expires_at,
-                           attributes))
-            entries.append((seq, skey, Meta(body, priority, now, expires_at=expires_at,
-                                            attributes=attributes), None))
-        return ops, entries
+        if kind == store.LIFO:
+            keys = [rank | (store.SEQ_MASK - seq) for seq in seqs]
+        else:
+            keys = [rank | seq for seq in seqs]
+        bodies = [body for _, body in pairs]
+        run = _RunArrivals(seqs, keys, bodies, (priority, now, now + opts.retention,
+                                                opts.attributes))
+        return [store.PutRun(self.name, seqs, keys, bodies, priority, now,
+                             now + opts.retention, opts.attributes)], run
 
     def arrive(self, entries):
         # Getters, listeners and the reaper are told once per batch (a listener learns
         # that the queue has something ready, not how many; notify(count) wakes count
         # getters), not once per message: a put_many of 100 made 100 wake-ups.
+        if type(entries) is _RunArrivals:
+            self._arrive_run(entries)
+            return
         ready, delayed = [], 0
         cache = self.meta
         for seq, key, meta, visible_at in entries:
@@ -353,6 +385,34 @@ class LocalArbiter:
             self.state.reaper_wake.notify()
         if ready:
             self.state.signal_ready(len(ready))
+
+    def _arrive_run(self, run):
+        """arrive() for the entries of a PutRun: cached as plain tuples (see self.meta),
+        ready at once."""
+        expires_at = run.header[2]
+        if expires_at is not None and expires_at < self.next_expiry:
+            self.next_expiry = expires_at
+        cache, bodies = self.meta, run.bodies
+        size = sum(map(len, bodies))
+        if (self.cached_bytes + size <= BODY_CACHE_BYTES
+                and len(cache) + len(bodies) <= BODY_CACHE_ITEMS):
+            cache.update(zip(run.seqs, zip(bodies, itertools.repeat(run.header))))
+            self.cached_bytes += size
+        else:
+            for seq, body in zip(run.seqs, bodies):
+                if (self.cached_bytes + len(body) <= BODY_CACHE_BYTES
+                        and len(cache) < BODY_CACHE_ITEMS):
+                    cache[seq] = (body, run.header)
+                    self.cached_bytes += len(body)
+        self.ready.push_many(run.keys)
+        self.state.signal_ready(len(bodies))
+
+    def _cached(self, seq):
+        """Message seq's Meta from the body cache, left there (None if it is not there)."""
+        meta = self.meta.get(seq)
+        if type(meta) is tuple:
+            meta = _fresh_meta(meta)
+        return meta
 
     def check_orderable(self, items):
         """A priority queue's items must compare with each other, as heapq needs."""
@@ -407,21 +467,35 @@ class LocalArbiter:
         now = state.clock()
         kind = state.kind
         keys = ready.pop_many(count)
-        entries = []
-        for i, key in enumerate(keys):
-            if kind == store.FIFO:
-                seq = key & store.SEQ_MASK
-            elif kind == store.LIFO:
-                seq = store.SEQ_MASK - (key & store.SEQ_MASK)
-            else:
-                seq = key[-1]
+        mask = store.SEQ_MASK
+        if kind == store.FIFO:
+            seqs = [key & mask for key in keys]
+        elif kind == store.LIFO:
+            seqs = [mask - (key & mask) for key in keys]
+        else:
+            seqs = [key[-1] for key in keys]
+        metas, fresh_bytes, taken = [], 0, len(keys)
+        for i, seq in enumerate(seqs):
             meta = cache.pop(seq, None)
+            if type(meta) is tuple:           # put here, never received (_fresh_meta)
+                body, (priority, sent_at, expires_at, attributes) = meta
+                if expires_at is not None and expires_at <= now:
+                    cache[seq] = meta         # back as it was, for _take_next
+                    ready.push_many(keys[i:])
+                    taken = i
+                    break
+                fresh_bytes += len(body)
+                metas.append(Meta(body, priority, sent_at, 1, now, now, expires_at,
+                                  attributes))
+                continue
             if meta is None:
                 try:
                     meta = ask.load_meta(seq)
                 except BaseException as exc:
                     ready.push_many(keys[i:])     # _take_next reads it again, and decides
+                    taken = i
                     if not isinstance(exc, Exception):
+                        self.cached_bytes -= fresh_bytes
                         raise
                     break
             elif meta.receive_count == 0:
@@ -431,15 +505,20 @@ class LocalArbiter:
                 if meta.receive_count == 0:
                     self.cached_bytes += len(meta.body)
                 ready.push_many(keys[i:])
+                taken = i
                 break
             meta.receive_count += 1
             meta.last_received = now
             if meta.first_received is None:
                 meta.first_received = now
-            entries.append((seq, key, key if kind != store.VALUE else seq, meta))
-        if entries:
+            metas.append(meta)
+        self.cached_bytes -= fresh_bytes
+        if metas:
+            if taken < len(keys):
+                seqs, keys = seqs[:taken], keys[:taken]
             vt = ask.visibility_timeout
-            got.extend(state.hold_many(entries, ask.holder, None if vt is None else now + vt))
+            got.extend(state.hold_many(seqs, keys, keys if kind != store.VALUE else seqs,
+                                       metas, ask.holder, None if vt is None else now + vt))
 
     def _take_next(self, ask, moves):
         """Deliver the next ready message to ask.holder (mutex held, a message ready);
@@ -496,6 +575,8 @@ class LocalArbiter:
         """Take message seq's Meta out of the body cache (None if it is not there),
         keeping the cache's byte count: bodies of messages never received are counted."""
         meta = self.meta.pop(seq, None)
+        if type(meta) is tuple:
+            meta = _fresh_meta(meta)
         if meta is not None and meta.receive_count == 0:
             self.cached_bytes -= len(meta.body)
         return meta
@@ -530,11 +611,12 @@ class LocalArbiter:
         return store.Ack(self.name, h.seq, h.skey, delivery=_delivery(h))
 
     def ack_ops(self, holdings):
-        name, ack = self.name, store.Ack
-        return [ack(name, h.seq, h.skey, None,
-                    None if h.claimed else (h.receive_count, h.meta.first_received,
-                                            h.meta.last_received))
-                for h in holdings]
+        # One AckRun: the store deletes the messages, so of each delivery it needs only
+        # whether it was a redelivery (counted by the store at the claim for a claimed
+        # one, see _deliver).
+        return [store.AckRun(self.name, [h.seq for h in holdings], [h.skey for h in holdings],
+                             {h.seq for h in holdings
+                              if h.receive_count > 1 and not h.claimed})]
 
     def put_back(self, h, visible_at, now):
         self.committer.submit([self.give_back_op(h, visible_at, now)])
@@ -575,7 +657,7 @@ class LocalArbiter:
             key = self.ready.peek()
             seq = self.seq_of(key)
             try:
-                meta = self.meta.get(seq) or load_meta(seq)
+                meta = self._cached(seq) or load_meta(seq)
             except MessageMissing as exc:
                 self.ready.pop()
                 self._drop_missing(seq, key, exc)
@@ -708,7 +790,7 @@ class LocalArbiter:
         for key in list(self.ready):
             seq = self.seq_of(key)
             try:
-                meta = self.meta.get(seq) or load_meta(seq)
+                meta = self._cached(seq) or load_meta(seq)
             except MessageMissing as exc:
                 self.ready.discard(key)
                 self._drop_missing(seq, key, exc)

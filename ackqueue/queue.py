@@ -586,15 +586,13 @@ class AckQueue(_stdlib_queue.Queue):
         from the committer's thread once the ack is durable (error None) or has failed.
         What is not held, or no longer the live delivery, raises at once (NotHeld,
         StaleAck) and nothing is submitted."""
-        holdings, seen = [], set()
         own = self._conn()
         items = list(items)
-        for item, h in zip(items, own.find_many(items)):
+        holdings = own.find_many(items)
+        for i, h in enumerate(holdings):
             if h is None or h.released is not None:
-                h = self._find(item, own)       # peeked, stale, or another thread's
-            if h.token not in seen:
-                seen.add(h.token)
-                holdings.append(h)
+                holdings[i] = self._find(items[i], own)   # peeked, stale, or another's
+        holdings = list(dict.fromkeys(holdings))          # an item given twice: once
         if holdings:
             if then is None:
                 own.ack_many_holdings(holdings)

@@ -17,6 +17,7 @@ server under ZEO (which is why the server needs ackqueue importable).
 """
 import heapq
 import pickle
+from bisect import bisect_left
 import struct
 from collections import namedtuple
 from itertools import repeat
@@ -217,6 +218,38 @@ class SegmentedIndex(Persistent):
                         and not segment.retired):
                     self._unlink(number, segment)
         return removed
+
+    def discard_sorted(self, keys):
+        """discard_many() of ascending keys, without its report: a segment whose every key
+        goes is emptied in one step (the ack_many of neighbouring messages), the others
+        key by key."""
+        bits, segments = self.bits, self.segments
+        touched = []
+        i, end = 0, len(keys)
+        while i < end:
+            number = keys[i] >> bits
+            j = bisect_left(keys, (number + 1) << bits, i)
+            segment = segments.get(number)
+            if segment is not None:
+                data = segment.data       # (loads a ghost before it is marked changed)
+                if j - i >= len(data) and data.keys() <= set(keys[i:j]):
+                    if data:
+                        data.clear()
+                        segment._p_changed = True
+                else:
+                    pop, hit = data.pop, False
+                    for key in keys[i:j]:
+                        if pop(key, _MISSING) is not _MISSING:
+                            hit = True
+                    if hit:
+                        segment._p_changed = True
+                touched.append((number, segment))
+            i = j
+        if self.unlink_emptied and touched:
+            last = segments.maxKey()
+            for number, segment in touched:
+                if not segment.data and number != last and not segment.retired:
+                    self._unlink(number, segment)
 
     def add_many(self, keys):
         """add() each key, looking up one segment per run of neighbouring keys."""

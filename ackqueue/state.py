@@ -473,16 +473,15 @@ class QueueState:
                 self.reaper_wake.notify()     # it must now watch this thread (REAP_INTERVAL)
         return held
 
-    def hold_many(self, entries, holder, deadline):
-        """hold() each (seq, key, skey, meta) of entries for one holder with one deadline
-        (mutex held): a get_many's batch in one pass; returns the Holdings."""
-        inflight, tokens = self.inflight, self.tokens
+    def hold_many(self, seqs, keys, skeys, metas, holder, deadline):
+        """hold() each message (its seq, key, store key and Meta, as columns) for one
+        holder with one deadline (mutex held): a get_many's batch in one pass; returns the
+        Holdings."""
         held = self._held_by(holder)
-        out = []
-        for seq, key, skey, meta in entries:
-            holding = Holding(seq, key, skey, next(tokens), holder, deadline, meta)
-            inflight[seq] = held[seq] = holding
-            out.append(holding)
+        out = list(map(Holding, seqs, keys, skeys, self.tokens, itertools.repeat(holder),
+                       itertools.repeat(deadline), metas))
+        self.inflight.update(zip(seqs, out))
+        held.update(zip(seqs, out))
         if deadline is not None:
             first = self.deadlines[0][1] if self.deadlines else None
             for holding in out:

@@ -96,8 +96,8 @@ from .errors import DuplicateMessage, Refused, StaleAck, UnsupportedFormat
 __all__ = [
     "ROOT_KEY", "FORMAT", "KINDS", "PRIORITY_MAX", "DEFAULT_PRIORITY",
     "store_key", "seq_of_key", "Catalog", "QueueRecord", "MessageRecord",
-    "Counters", "SeqCounter", "LeaseRecord", "Put", "Claim", "Release", "Unclaim", "Ack",
-    "Promote",
+    "Counters", "SeqCounter", "LeaseRecord", "Put", "PutRun", "Claim", "Release", "Unclaim",
+    "Ack", "AckRun", "Promote",
     "Compact", "needs_compaction", "DeadLetter", "Redrive", "Expire", "Purge", "PruneDedup",
     "SetDeadline", "DEFAULT_RETENTION", "MAX_RETENTION", "DEFAULT_DEDUP_WINDOW",
     "RegisterLease", "Beat", "DropLease", "ExpireLease", "ClaimLost", "LeaseLost",
@@ -451,6 +451,25 @@ class QueueRecord(Persistent):
         if self.expiry is not None:
             self._index_expiry([(op.seq, op.expires_at) for op in puts])
 
+    def add_put_run(self, seqs, bodies, priority, sent_at, expires_at, attributes):
+        """Store the messages of a PutRun (add_puts, from columns: one priority, put time,
+        deadline and attributes for all)."""
+        if attributes is not None:
+            tail = (priority, sent_at, 0, None, None, None, expires_at, attributes)
+        elif expires_at is not None:
+            tail = (priority, sent_at, 0, None, None, None, expires_at)
+        else:
+            tail = (priority, sent_at, 0, None, None, None)
+        if max(map(len, bodies)) > LARGE_BODY:
+            bodies = [self._inline(seq, body) for seq, body in zip(seqs, bodies)]
+        self.messages.set_stored([(seq, (body,) + tail) for seq, body in zip(seqs, bodies)])
+        if self.expiry is not None and expires_at is not None:
+            last_at, last_seq = self.counts.order()
+            if expires_at >= last_at and seqs[0] > last_seq:    # seqs ascend (PutRun)
+                self.counts.set_order((expires_at, seqs[-1]))   # all ordered: no entry
+            else:
+                self._index_expiry([(seq, expires_at) for seq in seqs])
+
     def _index_expiry(self, pairs):
         """Give the new messages (seq, expires_at) that are out of order an entry in the
         expiry index; the ordered ones only move the marker (ackqueue.expiry)."""
@@ -522,10 +541,11 @@ class QueueRecord(Persistent):
             del self.bodies[seq]
 
     def delete_messages(self, seqs):
-        """delete_message() each of seqs (present ones), in one pass over the index."""
+        """delete_message() each of seqs (present ones, in ascending order), in one pass
+        over the index."""
         if self.expiry is not None:
             self._unexpire(seqs)
-        self.messages.discard_many(seqs)
+        self.messages.discard_sorted(seqs)
         if self.bodies is not None:
             for seq in seqs:
                 if seq in self.bodies:
@@ -957,6 +977,36 @@ class Put(_Op):
         rec.counts.add(put=len(puts), ready=len(ready), delayed=len(puts) - len(ready))
 
 
+class PutRun(_Op):
+    """New messages, ready at once, given as columns: what a batch of Puts that share
+    one priority, put time, deadline and attributes, with no delay and no dedup id, does
+    (a put_many by the process that holds the storage), without an operation object, a
+    Msg and an index lookup per message.  seqs ascend; keys are their store keys."""
+
+    __slots__ = ("name", "seqs", "keys", "bodies", "priority", "sent_at", "expires_at",
+                 "attributes")
+
+    def __init__(self, name, seqs, keys, bodies, priority, sent_at, expires_at=None,
+                 attributes=None):
+        self.name, self.seqs, self.keys, self.bodies = name, seqs, keys, bodies
+        self.priority, self.sent_at = priority, sent_at
+        self.expires_at, self.attributes = expires_at, attributes
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        seqs = self.seqs
+        value = rec.next_seq.value            # moved as Put.apply moves it, op by op
+        if seqs[-1] >= value:
+            for seq in seqs:
+                if seq >= value:
+                    value = seq + SEQ_BLOCK
+            rec.next_seq.advance_past(value - 1)
+        rec.add_put_run(seqs, self.bodies, self.priority, self.sent_at, self.expires_at,
+                        self.attributes)
+        rec.ready.add_many(self.keys)
+        rec.counts.add(put=len(seqs), ready=len(seqs))
+
+
 class Claim(_Op):
     """A delivery: the message goes in flight, with its receive count and deadline.
 
@@ -1145,6 +1195,51 @@ class Ack(_Op):
             counts["acked"] += 1
             if op.delivery is not None and op.delivery[0] > 1:
                 counts["redelivered"] += 1
+        rec.delete_messages(sorted(gone))
+        rec.counts.add(**{name: delta for name, delta in counts.items() if delta})
+
+
+class AckRun(_Op):
+    """Acknowledgements given as columns: what a batch of Acks without expect does (an
+    ack_many by the process that holds the storage), without an operation object per
+    message.  redelivered: the seqs among them received more than once."""
+
+    __slots__ = ("name", "seqs", "keys", "redelivered")
+
+    def __init__(self, name, seqs, keys, redelivered=()):
+        self.name, self.seqs, self.keys = name, seqs, keys
+        self.redelivered = redelivered
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        seqs = self.seqs
+        # A process that holds its storage alone writes no claims, so what it acks is
+        # still in the ready set there: take those keys out in one pass first.
+        was_ready = rec.ready.discard_many(self.keys)
+        if len(was_ready) == len(seqs) and len(set(seqs)) == len(seqs):
+            gone = seqs                       # all of them, all ready: the usual batch
+            counts = {"acked": len(seqs), "ready": -len(seqs)}
+            redelivered = len(self.redelivered)
+        else:
+            counts = {"acked": 0, "ready": 0, "inflight": 0, "delayed": 0}
+            redelivered, gone, seen = 0, [], set()
+            for seq, key in zip(seqs, self.keys):
+                if seq in seen:
+                    continue
+                if key in was_ready:
+                    where = "ready"
+                elif seq in rec.messages:
+                    where = rec.unindex(seq, key)
+                else:
+                    continue                  # acknowledged already
+                seen.add(seq)
+                gone.append(seq)
+                if where is not None:
+                    counts[where] -= 1
+                counts["acked"] += 1
+                redelivered += seq in self.redelivered
+        if redelivered:
+            counts["redelivered"] = redelivered
         rec.delete_messages(sorted(gone))
         rec.counts.add(**{name: delta for name, delta in counts.items() if delta})
 

@@ -398,6 +398,29 @@ def test_retention_expires_an_unprocessed_message(env):
     assert q.stats()["expired"] == 1
 
 
+def test_a_batch_past_its_retention_is_never_delivered_and_the_rest_is(env):
+    """put_many's messages, kept in memory as a batch until received: peek shows them,
+    a get_many stops at the first one past its retention, and only the live ones are
+    delivered, redelivered after a nack, and acknowledged."""
+    clock = FakeClock()
+    q = env.open(clock=clock)
+    ids = q.put_many(["a", "b", "c"], retention=10)
+    q.put_many(["d", "e"])
+    assert ids == sorted(ids) and len(set(ids)) == 3
+    assert q.peek().body == "a"
+    clock.advance(11)
+    assert q.peek().body == "d"
+    got = q.get_many(10, timeout=SHORT)
+    assert got == ["d", "e"]
+    q.nack(got[0])
+    again = q.get_messages(10, timeout=SHORT)
+    assert [(m.body, m.receive_count) for m in again] == [("d", 2)]
+    q.ack_many(again + [got[1]])
+    assert counts_of(q) == count()
+    stats = q.stats()
+    assert (stats["expired"], stats["acked"], stats["redelivered"]) == (3, 2, 1)
+
+
 def test_expired_messages_leave_the_counts_at_the_next_sweep(env):
     """A message past its retention is never delivered; counts drop it at the next sweep
     (at most a minute apart; the queue's own clock moving a minute on triggers one)."""

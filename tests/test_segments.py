@@ -199,3 +199,30 @@ def test_a_put_into_a_message_segment_unlinked_meanwhile_makes_it_again():
             assert rec.counts.get("ready") == 2
     finally:
         db.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_discard_sorted_removes_what_discard_many_removes(seed):
+    """The acks' path (whole segments emptied in one step, the others key by key) leaves
+    the same index, with the same segments unlinked, as discard_many."""
+    import random
+    from ackqueue.segments import MessageIndex
+    rng = random.Random(seed)
+    db = ZODB.DB(MappingStorage())
+    try:
+        with db.transaction() as conn:
+            root = conn.root()
+            root["a"], root["b"] = MessageIndex(), MessageIndex()
+            keys = rng.sample(range(400), 250)
+            for index in (root["a"], root["b"]):
+                index.set_many((key, (b"x", 0, 0.0, 0, None, None, None)) for key in keys)
+            for _ in range(20):
+                start = rng.randrange(400)
+                gone = sorted(set(range(start, start + rng.randrange(1, 60)))
+                              | set(rng.sample(range(400), rng.randrange(0, 5))))
+                root["a"].discard_many(gone)
+                root["b"].discard_sorted(gone)
+                assert list(root["a"].items()) == list(root["b"].items())
+                assert list(root["a"].segments) == list(root["b"].segments)
+    finally:
+        db.close()

@@ -22,6 +22,8 @@ def snapshot(rec):
         "dedup": list((rec.dedup or {}).items()),
         "next_seq": rec.next_seq.value,
         "counts": {name: rec.counts.get(name) for name in store.Counters.FIELDS},
+        "expiry": [(slot, list(keys)) for slot, keys in rec.expiry.slots.items()],
+        "expiry order": rec.counts.order(),
     }
 
 
@@ -103,3 +105,75 @@ def test_acks_applied_together_take_out_each_message_once():
     assert [seq for seq, _ in state["messages"]] == [1, 3, 5]
     assert state["counts"]["acked"] == 2
     assert state["counts"]["ready"] == 3
+
+
+# -- columns: PutRun and AckRun do what the Puts and Acks they stand for do ----------------
+
+def plain_put(seq, body=None, expires_at=5000.0, attributes=None):
+    body = body if body is not None else pickle.dumps(f"item {seq}")
+    return store.Put(NAME, seq, store.store_key(store.FIFO, 100, seq), body, 100, 1000.0,
+                     None, expires_at, attributes)
+
+
+def as_columns(ops):
+    """The one PutRun or AckRun that a unit of plain Puts (one put time, deadline and
+    attributes) or of Acks stands for."""
+    if all(isinstance(op, store.Put) for op in ops):
+        first = ops[0]
+        return [store.PutRun(NAME, [op.seq for op in ops], [op.key for op in ops],
+                             [op.body for op in ops], first.priority, first.sent_at,
+                             first.expires_at, first.attributes)]
+    return [store.AckRun(NAME, [op.seq for op in ops], [op.key for op in ops],
+                         {op.seq for op in ops if op.delivery[0] > 1})]
+
+
+COLUMN_CASES = {
+    "puts then acks of the same run": [
+        [plain_put(s) for s in range(1, 41)],
+        [ack(s) for s in range(1, 41)],
+    ],
+    "a large body, attributes, no deadline": [
+        [plain_put(1), plain_put(2, body=BIG), plain_put(3)],
+        [plain_put(s, expires_at=None, attributes=(("k", "v"),)) for s in range(4, 30)],
+        [ack(2), ack(3, redelivered=True)],
+    ],
+    "puts out of deadline order get expiry entries": [
+        [plain_put(s, expires_at=6000.0) for s in range(1, 20)],
+        [plain_put(s, expires_at=5500.0) for s in range(20, 40)],
+        [ack(s) for s in range(1, 40, 2)],
+    ],
+    "acks of ready, in-flight, delayed, repeated and unknown messages": [
+        [put(s) for s in range(1, 21)] + [put(21, delay=True), put(22, body=BIG)],
+        [claim(3), claim(4)],
+        [ack(1), ack(3), ack(21), ack(22), ack(5, redelivered=True), ack(2), ack(2),
+         ack(99), ack(4)],
+    ],
+    "acks across many segments, in any order": [
+        [plain_put(s) for s in range(1, 301)],
+        [ack(s) for s in range(300, 0, -3)],
+        [ack(s) for s in range(1, 301)],
+    ],
+}
+
+
+def applied_as_columns(units):
+    """The record after units applied with their plain runs as columns, checked against
+    the same operations applied one at a time."""
+    columns = [as_columns(ops) if len({type(op) for op in ops}) == 1
+               and not any(isinstance(op, store.Claim) for op in ops)
+               and not any(isinstance(op, store.Put) and op.visible_at for op in ops)
+               else ops for ops in units]
+    assert any(isinstance(ops[0], (store.PutRun, store.AckRun)) for ops in columns)
+    together = apply_units(columns, one_at_a_time=False)
+    assert together == apply_units(units, one_at_a_time=True)
+    return together
+
+
+@pytest.mark.parametrize("units", COLUMN_CASES.values(), ids=list(COLUMN_CASES))
+def test_columns_leave_what_the_operations_they_stand_for_leave(units):
+    applied_as_columns(units)
+
+
+def test_columns_of_puts_out_of_deadline_order_index_them():
+    state = applied_as_columns(COLUMN_CASES["puts out of deadline order get expiry entries"])
+    assert sum(len(seqs) for _, seqs in state["expiry"]) == 10     # 20-38, the even ones
