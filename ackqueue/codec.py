@@ -29,6 +29,7 @@ trust passes an allow-list (``AckQueue(allowed_classes=...)``), and a pickle tha
 other class or function is refused (ForbiddenClass) without running anything.  Plain data
 (str, bytes, numbers, None, bool, and lists, tuples, dicts, sets of them) needs no entry.
 """
+import functools
 import io
 import json
 import pickle
@@ -86,6 +87,15 @@ def encode_many(items, codec=DEFAULT):
     encode per item)."""
     if codec != PICKLE:
         return [(item, encode(item, codec)) for item in items]
+    kinds = set(map(type, items))
+    if str not in kinds and bytes not in kinds:
+        # Every item is pickled: in one pass, without a call per item (the usual batch).
+        try:
+            bodies = list(map(_dumps, items))
+        except Exception:
+            pass                      # the loop below names the item pickle refuses
+        else:
+            return list(zip(items, bodies))
     out = []
     for item in items:
         kind = type(item)
@@ -96,6 +106,9 @@ def encode_many(items, codec=DEFAULT):
         else:
             out.append((item, _pickle(item)))
     return out
+
+
+_dumps = functools.partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _pickle(item):

@@ -99,7 +99,7 @@ def check_item_sizes(pairs, limit):
     """Refuse a batch of (item, pickled body) pairs if a body is over limit bytes (None: no
     limit).  Called before anything is reserved or recorded, so a refusal changes nothing:
     not the queue, not a transaction block in progress."""
-    if limit is None:
+    if limit is None or max(map(len, map(_body_of, pairs)), default=0) <= limit:
         return
     for index, (item, body) in enumerate(pairs):
         if len(body) > limit:
@@ -945,6 +945,7 @@ def _forget(holdings):
 
 
 _holder_of = operator.attrgetter("holder")
+_body_of = operator.itemgetter(1)
 
 
 def _active_app_transaction():

@@ -789,10 +789,12 @@ def test_put_many_dedup_ids_must_be_a_list_not_a_str(env):
     assert counts_of(q) == count()
 
 
-def test_put_many_with_an_unpicklable_item_puts_nothing(env):
+@pytest.mark.parametrize("batch", [["a", lambda: 0, "c"],          # texts beside it
+                                   [{"n": 1}, lambda: 0, (2, 3)]])  # all to be pickled
+def test_put_many_with_an_unpicklable_item_puts_nothing(env, batch):
     q = env.open()
-    with pytest.raises(UnpicklableItem):
-        q.put_many(["a", lambda: 0, "c"])
+    with pytest.raises(UnpicklableItem, match="'function' item"):
+        q.put_many(batch)
     assert counts_of(q) == count() and q.unfinished_tasks == 0
 
 
