@@ -613,7 +613,9 @@ class LocalArbiter:
     def ack_ops(self, holdings):
         # One AckRun: the store deletes the messages, so of each delivery it needs only
         # whether it was a redelivery (counted by the store at the claim for a claimed
-        # one, see _deliver).
+        # one, see _deliver).  A lone ack keeps the Ack of the one-at-a-time path.
+        if len(holdings) == 1:
+            return [self.ack_op(holdings[0])]
         return [store.AckRun(self.name, [h.seq for h in holdings], [h.skey for h in holdings],
                              {h.seq for h in holdings
                               if h.receive_count > 1 and not h.claimed})]
