@@ -15,6 +15,7 @@ store changes are written, just before it commits, through the application's own
 (a second connection of the same database in one transaction would deadlock, ZODB issue
 258), so the application's objects and the queue commit or roll back as one.
 """
+import itertools
 import logging
 import math
 import operator
@@ -746,7 +747,7 @@ class QueueConnection(ThreadBound):
             else:
                 self._state.ack_many(holdings)
         finally:
-            _forget([h for h in holdings if h.released is not None])
+            _forget(list(itertools.compress(holdings, map(_released, holdings))))
 
     def change_visibility_holding(self, h, seconds):
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
@@ -946,6 +947,7 @@ def _forget(holdings):
 
 _holder_of = operator.attrgetter("holder")
 _body_of = operator.itemgetter(1)
+_released = operator.attrgetter("released")
 
 
 def _active_app_transaction():

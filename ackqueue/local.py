@@ -12,6 +12,7 @@ messages of live durable holds, which are held again (ackqueue.holds).
 import heapq
 import itertools
 import logging
+import operator
 import random
 import threading
 
@@ -193,6 +194,10 @@ def _fresh_meta(cached):
     put here, never received."""
     body, (priority, sent_at, expires_at, attributes) = cached
     return Meta(body, priority, sent_at, 0, None, None, expires_at, attributes)
+
+
+_seq, _skey, _receive_count = (operator.attrgetter(name)
+                               for name in ("seq", "skey", "receive_count"))
 
 
 def _delivery(h):
@@ -616,9 +621,10 @@ class LocalArbiter:
         # one, see _deliver).  A lone ack keeps the Ack of the one-at-a-time path.
         if len(holdings) == 1:
             return [self.ack_op(holdings[0])]
-        return [store.AckRun(self.name, [h.seq for h in holdings], [h.skey for h in holdings],
-                             {h.seq for h in holdings
-                              if h.receive_count > 1 and not h.claimed})]
+        redelivered = ({h.seq for h in holdings if h.receive_count > 1 and not h.claimed}
+                       if max(map(_receive_count, holdings)) > 1 else ())
+        return [store.AckRun(self.name, list(map(_seq, holdings)),
+                             list(map(_skey, holdings)), redelivered)]
 
     def put_back(self, h, visible_at, now):
         self.committer.submit([self.give_back_op(h, visible_at, now)])

@@ -19,6 +19,7 @@ What differs from queue.Queue, by design:
   an earlier process.
 """
 import math
+import operator
 import os
 import queue as _stdlib_queue
 import threading
@@ -158,6 +159,9 @@ def _max_receives(value):
     if value < 1:
         raise ValueError("max_receives must be at least 1")
     return value
+
+
+_released = operator.attrgetter("released")     # why a delivery ended (None: it is live)
 
 
 class AckQueue(_stdlib_queue.Queue):
@@ -589,9 +593,10 @@ class AckQueue(_stdlib_queue.Queue):
         own = self._conn()
         items = list(items)
         holdings = own.find_many(items)
-        for i, h in enumerate(holdings):
-            if h is None or h.released is not None:
-                holdings[i] = self._find(items[i], own)   # peeked, stale, or another's
+        if None in holdings or any(map(_released, holdings)):
+            holdings = [h if h is not None and h.released is None
+                        else self._find(item, own)        # peeked, stale, or another's
+                        for item, h in zip(items, holdings)]
         holdings = list(dict.fromkeys(holdings))          # an item given twice: once
         if holdings:
             if then is None:

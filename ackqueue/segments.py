@@ -648,6 +648,22 @@ class MessageIndex(SegmentedIndex):
         tuple without trailing None fields)."""
         self._set_many(pairs)
 
+    def set_run(self, seqs, messages):
+        """set_stored of ascending seqs and their messages (as stored), one segment at a
+        time: a batch of puts fills each segment with one dict update."""
+        bits, segments = self.bits, self.segments
+        i, end = 0, len(seqs)
+        while i < end:
+            number = seqs[i] >> bits
+            j = bisect_left(seqs, (number + 1) << bits, i)
+            segment = segments.get(number)
+            if segment is None:
+                segment = segments[number] = self.segment_class()
+            data = segment.data           # (loads a ghost before it is marked changed)
+            segment._p_changed = True
+            data.update(zip(seqs[i:j], messages[i:j]))
+            i = j
+
     def items(self):
         for key, value in super().items():
             yield key, Msg(*value)

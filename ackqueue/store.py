@@ -462,7 +462,7 @@ class QueueRecord(Persistent):
             tail = (priority, sent_at, 0, None, None, None)
         if max(map(len, bodies)) > LARGE_BODY:
             bodies = [self._inline(seq, body) for seq, body in zip(seqs, bodies)]
-        self.messages.set_stored([(seq, (body,) + tail) for seq, body in zip(seqs, bodies)])
+        self.messages.set_run(seqs, [(body,) + tail for body in bodies])
         if self.expiry is not None and expires_at is not None:
             last_at, last_seq = self.counts.order()
             if expires_at >= last_at and seqs[0] > last_seq:    # seqs ascend (PutRun)
