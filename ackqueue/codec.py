@@ -37,7 +37,7 @@ import pickle
 from .errors import ForbiddenClass, UnpicklableItem
 
 __all__ = ["CODECS", "DEFAULT", "encode", "decode", "kind", "payload", "mark",
-           "check_codec", "allowed_set", "TEXT", "BYTES", "JSON", "PICKLE"]
+           "check_codec", "allowed_set", "TEXT", "BYTES", "JSON", "PICKLE", "MARKS"]
 
 PICKLE, JSON, TEXT, BYTES = "pickle", "json", "str", "bytes"
 CODECS = (PICKLE, JSON, TEXT, BYTES)
@@ -45,6 +45,7 @@ DEFAULT = PICKLE
 
 _TEXT, _BYTES, _JSON = b"\x01", b"\x02", b"\x03"
 _KINDS = {1: TEXT, 2: BYTES, 3: JSON}
+MARKS = tuple(_KINDS)      # first bytes of a body that is not a pickle (see decode)
 
 
 def check_codec(codec):

@@ -12,8 +12,10 @@ of 100 (scenario (d)).  It reports, per phase:
 
 With --cpu it measures instead the CPU time (user + system, of the whole process) per item
 of the same phases without fsync (ackqueue with durability="os", the lean queue and the
-floor on the same OS-durable FileStorage), the least of --reps fresh runs: what each
-spends around the disk, less sensitive to the disk and the machine's load than rates.
+floor on the same OS-durable FileStorage), in --reps rounds that each run every contender
+once on a fresh file, in turn: the least and the median per contender, and the lean
+queue's CPU over each one's, the median of the rounds' ratios.  That is what each spends
+around the disk, less sensitive to the disk and to the machine's load than rates.
 
     python -m benchmarks.own_cost [--n 400] [--top 15]
     python -m benchmarks.own_cost --cpu [--n 3000] [--reps 3]
@@ -23,6 +25,7 @@ import collections
 import cProfile
 import os
 import pstats
+import statistics
 import tempfile
 import time
 
@@ -231,21 +234,31 @@ class _FloorOS(_Floor):
         self.q = self._adapter.q
 
 
-def cpu(kind, n, reps):
-    """{phase: least CPU seconds per item over reps fresh runs} of one contender."""
-    best = {}
+def cpu_once(kind, n):
+    """{phase: CPU seconds per item} of one fresh run of one contender."""
+    out = {}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("OWN_COST_TMP")) as d:
+        q = kind(os.path.join(d, getattr(kind, "file_name", "q.fs")))
+        try:
+            for phase, count, run in _phases(q, n):
+                start = time.process_time()
+                run()
+                out[phase] = (time.process_time() - start) / count
+        finally:
+            q.close()
+    return out
+
+
+def cpu(kinds, n, reps):
+    """{kind: {phase: [CPU seconds per item of each rep]}}: reps rounds, each running
+    every contender once in turn, so that a slow spell of a shared machine falls on all
+    of them alike instead of on whichever ran then."""
+    out = {kind: collections.defaultdict(list) for kind in kinds}
     for _ in range(reps):
-        with tempfile.TemporaryDirectory(dir=os.environ.get("OWN_COST_TMP")) as d:
-            q = kind(os.path.join(d, getattr(kind, "file_name", "q.fs")))
-            try:
-                for phase, count, run in _phases(q, n):
-                    start = time.process_time()
-                    run()
-                    per_item = (time.process_time() - start) / count
-                    best[phase] = min(best.get(phase, per_item), per_item)
-            finally:
-                q.close()
-    return best
+        for kind in kinds:
+            for phase, seconds in cpu_once(kind, n).items():
+                out[kind][phase].append(seconds)
+    return out
 
 
 def main(argv=None):
@@ -253,15 +266,20 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--top", type=int, default=0)
     p.add_argument("--cpu", action="store_true",
-                   help="CPU time per item without fsync, least of --reps runs")
+                   help="CPU time per item without fsync, in --reps rounds of every contender")
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args(argv)
     if args.cpu:
-        for kind in (_AckOS, _LeanOS, _LeanCountedOS, _FloorOS):
-            res = cpu(kind, args.n, args.reps)
-            print(f"== {kind.label}: CPU us per item (least of {args.reps})")
-            for phase, seconds in res.items():
-                print(f"  {phase:28s} {seconds * 1e6:8.1f}")
+        kinds = (_AckOS, _LeanOS, _LeanCountedOS, _FloorOS)
+        res = cpu(kinds, args.n, args.reps)
+        lean = res[_LeanOS]
+        for kind in kinds:
+            print(f"== {kind.label}: CPU us per item, least and median of {args.reps} "
+                  "rounds; the lean queue's over this, median of the rounds")
+            for phase, runs in res[kind].items():
+                ratios = [other / mine for mine, other in zip(runs, lean[phase])]
+                print(f"  {phase:28s} {min(runs) * 1e6:8.1f} {statistics.median(runs) * 1e6:8.1f}"
+                      f"   {statistics.median(ratios):5.2f}x")
         return
     for kind in (_Ack, _Lean, _LeanCounted, _Floor):
         res = measure(kind, args.n, args.top)

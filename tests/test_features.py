@@ -862,6 +862,34 @@ def test_get_messages_returns_messages(env):
         q.ack(messages[0])
 
 
+@pytest.mark.parametrize("items", [
+    [{"n": i} for i in range(20)],                      # distinct objects: one pass
+    [None, 7, 7, None, "x", b"y", {"n": 1}, 3.5],       # shared ones, texts, bytes
+], ids=["distinct", "shared"])
+def test_get_many_hands_out_each_item_for_its_own_ack(env, items):
+    """Every item of a batch is held by its own delivery, whichever way the batch was
+    handed out: acking them by identity, one by one, acks each message once."""
+    q = env.open()
+    q.put_many(items)
+    got = q.get_many(len(items), timeout=SHORT)
+    assert got == items
+    for item in got:
+        q.ack(item)
+    with pytest.raises(NotHeld):
+        q.ack(got[-1])
+    assert counts_of(q) == count() and q.stats()["acked"] == len(items)
+
+
+def test_get_many_raw_hands_out_the_stored_bytes(env):
+    import pickle
+    q = env.open()
+    q.put_many([{"n": 1}, {"n": 2}, {"n": 3}])
+    got = q.get_messages(3, timeout=SHORT, raw=True)
+    assert [pickle.loads(m.body) for m in got] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    q.ack_many(got)
+    assert counts_of(q) == count()
+
+
 def test_get_many_steps_over_a_message_past_its_retention_in_its_batch(env):
     """A get_many takes its batch in one pass, which stops at a message past its
     retention: that one is taken out (expired), and the batch goes on after it."""
