@@ -89,3 +89,21 @@ def test_outside_a_transaction_operations_commit_at_once(app):
     rec = other.root()["ackqueue"].queues["jobs"]
     assert len(rec.messages) == 1
     other.close()
+
+
+def test_a_savepoint_rolled_back_undoes_the_batches_put_after_it(app):
+    """A batch is one store operation (a PutRun) for several messages: rolling back to a
+    savepoint drops the batches put after it, message for message."""
+    db, conn, q = app
+    with transaction.manager as txn:
+        q.put_many(["a", "b", "c"])
+        conn.root()["done"] += 1
+        savepoint = txn.savepoint()
+        q.put_many(["d", "e"])
+        q.put("f")
+        conn.root()["done"] += 1
+        savepoint.rollback()
+        q.put_many(["g", "h"])
+    assert conn.root()["done"] == 1
+    assert q.unfinished_tasks == 5
+    assert q.get_many(10, timeout=1) == ["a", "b", "c", "g", "h"]
