@@ -223,12 +223,9 @@ class SegmentedIndex(Persistent):
         """discard_many() of ascending keys, without its report: a segment whose every key
         goes is emptied in one step (the ack_many of neighbouring messages), the others
         key by key."""
-        bits, segments = self.bits, self.segments
+        segments = self.segments
         touched = []
-        i, end = 0, len(keys)
-        while i < end:
-            number = keys[i] >> bits
-            j = bisect_left(keys, (number + 1) << bits, i)
+        for number, i, j in _segment_spans(keys, self.bits):
             segment = segments.get(number)
             if segment is not None:
                 data = segment.data       # (loads a ghost before it is marked changed)
@@ -244,7 +241,6 @@ class SegmentedIndex(Persistent):
                     if hit:
                         segment._p_changed = True
                 touched.append((number, segment))
-            i = j
         if self.unlink_emptied and touched:
             last = segments.maxKey()
             for number, segment in touched:
@@ -592,6 +588,17 @@ class KeySet(SegmentedIndex):
         return holder.journal or None
 
 
+def _segment_spans(keys, bits):
+    """(segment number, i, j) for each stretch keys[i:j] of ascending keys that falls in
+    one segment of 2**bits keys."""
+    i, end = 0, len(keys)
+    while i < end:
+        number = keys[i] >> bits
+        j = bisect_left(keys, (number + 1) << bits, i)
+        yield number, i, j
+        i = j
+
+
 def _one_run(keys):
     """(start, end) when keys are the integers of [start, end), each once, in any order
     (a FIFO or LIFO batch's keys); else None."""
@@ -651,18 +658,14 @@ class MessageIndex(SegmentedIndex):
     def set_run(self, seqs, messages):
         """set_stored of ascending seqs and their messages (as stored), one segment at a
         time: a batch of puts fills each segment with one dict update."""
-        bits, segments = self.bits, self.segments
-        i, end = 0, len(seqs)
-        while i < end:
-            number = seqs[i] >> bits
-            j = bisect_left(seqs, (number + 1) << bits, i)
+        segments = self.segments
+        for number, i, j in _segment_spans(seqs, self.bits):
             segment = segments.get(number)
             if segment is None:
                 segment = segments[number] = self.segment_class()
             data = segment.data           # (loads a ghost before it is marked changed)
             segment._p_changed = True
             data.update(zip(seqs[i:j], messages[i:j]))
-            i = j
 
     def items(self):
         for key, value in super().items():

@@ -960,12 +960,7 @@ class Put(_Op):
                     op.apply(root)
                 return
         rec = _queue(root, puts[0].name)
-        value = rec.next_seq.value            # moved as apply() moves it, op by op
-        for op in puts:
-            if op.seq >= value:
-                value = op.seq + SEQ_BLOCK
-        if value != rec.next_seq.value:
-            rec.next_seq.advance_past(value - 1)
+        _advance_seq(rec, [op.seq for op in puts])
         rec.add_puts(puts)
         ready = [op.key for op in puts if not op.visible_at]
         rec.ready.add_many(ready)
@@ -975,6 +970,19 @@ class Put(_Op):
             if op.dedup_id is not None:
                 rec.remember_dedup(op.dedup_id, op.dedup_until, op.seq)
         rec.counts.add(put=len(puts), ready=len(ready), delayed=len(puts) - len(ready))
+
+
+def _advance_seq(rec, seqs):
+    """Move the queue's sequence counter past seqs (numbered in memory by the one process
+    that holds the storage) as Put.apply does, one seq after the other: a block ahead at a
+    time, so that it is written once per SEQ_BLOCK puts."""
+    value = rec.next_seq.value
+    if max(seqs) < value:
+        return
+    for seq in seqs:
+        if seq >= value:
+            value = seq + SEQ_BLOCK
+    rec.next_seq.advance_past(value - 1)
 
 
 class PutRun(_Op):
@@ -995,12 +1003,7 @@ class PutRun(_Op):
     def apply(self, root):
         rec = _queue(root, self.name)
         seqs = self.seqs
-        value = rec.next_seq.value            # moved as Put.apply moves it, op by op
-        if seqs[-1] >= value:
-            for seq in seqs:
-                if seq >= value:
-                    value = seq + SEQ_BLOCK
-            rec.next_seq.advance_past(value - 1)
+        _advance_seq(rec, seqs)
         rec.add_put_run(seqs, self.bodies, self.priority, self.sent_at, self.expires_at,
                         self.attributes)
         rec.ready.add_many(self.keys)
@@ -1174,29 +1177,14 @@ class Ack(_Op):
 
     @classmethod
     def apply_run(cls, root, acks):
-        rec = _queue(root, acks[0].name)
-        counts = {"acked": 0, "redelivered": 0, "ready": 0, "inflight": 0, "delayed": 0}
-        # A process that holds its storage alone writes no claims, so what it acks is
-        # still in the ready set there: take those keys out in one pass first.
-        was_ready = rec.ready.discard_many([op.key for op in acks])
-        gone = set()
+        # The same as an AckRun of their columns (no expect here: check_run has checked
+        # it); a seq acknowledged twice counts as its first Ack says.
+        first = {}
         for op in acks:
-            if op.seq in gone:
-                continue
-            if op.key in was_ready:
-                where = "ready"
-            elif op.seq in rec.messages:
-                where = rec.unindex(op.seq, op.key)
-            else:
-                continue                    # acknowledged already
-            gone.add(op.seq)
-            if where is not None:
-                counts[where] -= 1
-            counts["acked"] += 1
-            if op.delivery is not None and op.delivery[0] > 1:
-                counts["redelivered"] += 1
-        rec.delete_messages(sorted(gone))
-        rec.counts.add(**{name: delta for name, delta in counts.items() if delta})
+            first.setdefault(op.seq, op)
+        AckRun(acks[0].name, [op.seq for op in acks], [op.key for op in acks],
+               {seq for seq, op in first.items()
+                if op.delivery is not None and op.delivery[0] > 1}).apply(root)
 
 
 class AckRun(_Op):

@@ -142,12 +142,9 @@ COLUMN_CASES = {
         [plain_put(s, expires_at=5500.0) for s in range(20, 40)],
         [ack(s) for s in range(1, 40, 2)],
     ],
-    "acks of ready, in-flight, delayed, repeated and unknown messages": [
-        [put(s) for s in range(1, 21)] + [put(21, delay=True), put(22, body=BIG)],
-        [claim(3), claim(4)],
-        [ack(1), ack(3), ack(21), ack(22), ack(5, redelivered=True), ack(2), ack(2),
-         ack(99), ack(4)],
-    ],
+    "acks of ready, in-flight, delayed, repeated and unknown messages": CASES[
+        "acks of ready, in-flight, delayed, large, redelivered, repeated and unknown "
+        "messages"],
     "acks across many segments, in any order": [
         [plain_put(s) for s in range(1, 301)],
         [ack(s) for s in range(300, 0, -3)],
