@@ -437,35 +437,47 @@ class LocalArbiter:
         """Deliver up to n ready messages to ask.holder, under one mutex."""
         got = []
         with self.state.mutex:
-            self.state.expire_due()
-            while not got and len(self.ready):
-                h = self._take_next(ask, moves)
-                if h is not None:
-                    got.append(h)
-            if got and n > 1 and not ask.shuffle and (ask.policy is None
-                                                      or ask.policy.max_receives is None):
-                self._take_run(ask, n - len(got), got, front)
-            while (got and len(got) < n and len(self.ready)
-                   and not (front.is_shutdown and front.shutdown_immediate)):
-                try:
-                    h = self._take_next(ask, moves)
-                except Exception:
-                    # The batch so far is delivered and must reach the caller; the
-                    # message that could not be read stays ready, and the next get
-                    # that reaches it raises.
-                    log.warning("ackqueue: a get_many batch stops short: a message "
-                                "could not be read", exc_info=True)
-                    break
-                if h is not None:
-                    got.append(h)
+            try:
+                self._take(front, ask, n, moves, got)
+            except BaseException:
+                # Interrupted (a KeyboardInterrupt while reading a message): nothing
+                # reaches the caller, so what was taken goes back to its place, as a
+                # batch that cannot be handed out does (connection._take_back).
+                for h in got:
+                    self.state._give_back(h, "its get was interrupted")
+                raise
         return got
+
+    def _take(self, front, ask, n, moves, got):
+        self.state.expire_due()
+        while not got and len(self.ready):
+            h = self._take_next(ask, moves)
+            if h is not None:
+                got.append(h)
+        if got and n > 1 and not ask.shuffle and (ask.policy is None
+                                                  or ask.policy.max_receives is None):
+            self._take_run(ask, n - len(got), got, front)
+        while (got and len(got) < n and len(self.ready)
+               and not (front.is_shutdown and front.shutdown_immediate)):
+            try:
+                h = self._take_next(ask, moves)
+            except Exception:
+                # The batch so far is delivered and must reach the caller; the
+                # message that could not be read stays ready, and the next get
+                # that reaches it raises.
+                log.warning("ackqueue: a get_many batch stops short: a message "
+                            "could not be read", exc_info=True)
+                break
+            if h is not None:
+                got.append(h)
 
     def _take_run(self, ask, count, got, front):
         """The plain part of a get_many (mutex held; no shuffle, no receive limit): deliver
         up to count more ready messages in one pass, into got.  It stops at the first
         message that is not plainly deliverable (past its retention, or its record could
         not be read), which it leaves ready, with the ones after it, for _take_next's full
-        rules."""
+        rules.  Interrupted while reading a message (a BaseException that is not an
+        Exception), it holds what it took before raising, for take() to give back."""
         if front.is_shutdown and front.shutdown_immediate:
             return
         state, ready, cache = self.state, self.ready, self.meta
@@ -479,7 +491,7 @@ class LocalArbiter:
             seqs = [mask - (key & mask) for key in keys]
         else:
             seqs = [key[-1] for key in keys]
-        metas, fresh_bytes, taken = [], 0, len(keys)
+        metas, fresh_bytes, taken, interrupted = [], 0, len(keys), None
         for i, seq in enumerate(seqs):
             meta = cache.pop(seq, None)
             if type(meta) is tuple:           # put here, never received (_fresh_meta)
@@ -500,8 +512,7 @@ class LocalArbiter:
                     ready.push_many(keys[i:])     # _take_next reads it again, and decides
                     taken = i
                     if not isinstance(exc, Exception):
-                        self.cached_bytes -= fresh_bytes
-                        raise
+                        interrupted = exc         # raised once what was taken is held
                     break
             elif meta.receive_count == 0:
                 self.cached_bytes -= len(meta.body)
@@ -524,6 +535,8 @@ class LocalArbiter:
             vt = ask.visibility_timeout
             got.extend(state.hold_many(seqs, keys, keys if kind != store.VALUE else seqs,
                                        metas, ask.holder, None if vt is None else now + vt))
+        if interrupted is not None:
+            raise interrupted                 # take() gives back everything it got
 
     def _take_next(self, ask, moves):
         """Deliver the next ready message to ask.holder (mutex held, a message ready);

@@ -907,6 +907,33 @@ def test_get_many_steps_over_a_message_past_its_retention_in_its_batch(env):
     assert q.unfinished_tasks == 0
 
 
+def test_a_get_many_interrupted_while_reading_leaves_its_whole_batch_ready(tmp_path):
+    """A KeyboardInterrupt (any BaseException) while a get_many reads a message from the
+    store, after it took others, delivers nothing: what it took goes back to its place,
+    as a batch that cannot be handed out does (each taken message counted as received
+    once more), and the message it could not read stays ready, uncounted."""
+    path = tmp_path / "q.fs"
+    with AckQueue(path=path) as q:
+        ids = q.put_many(["a", "b", "c", "d"])
+        q.nack(q.get())                           # "a": in memory as a received message
+        arbiter = q._state.arbiter
+        arbiter.meta.pop(int(ids[2]))             # "c": read from the store when taken
+        own = q._conn()
+
+        def interrupted(seq):
+            raise KeyboardInterrupt
+        own._load_meta = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            q.get_many(10)
+        del own._load_meta
+        assert counts_of(q) == count(ready=4)
+        got = q.get_messages(10, timeout=SHORT)
+        assert bodies(got) == ["a", "b", "c", "d"]
+        assert [m.receive_count for m in got] == [3, 2, 1, 1]
+        q.ack_many(got)
+        assert counts_of(q) == count()
+
+
 def test_get_many_of_a_backlog_left_by_an_earlier_process(tmp_path):
     """Messages put before the queue was reopened are read from the store (not from
     this process's memory), batch after batch, in order."""
