@@ -46,7 +46,7 @@ import math
 from BTrees.LOBTree import LOBTree
 from persistent import Persistent
 
-from .segments import KeySet, Msg, SegmentedIndex
+from .segments import KeySet, MessageIndex, Msg
 
 _EXPIRES_AT = Msg._fields.index("expires_at")
 
@@ -213,7 +213,7 @@ def due(rec, now):
     # The stored tuples are read as they are (a Msg is made only for an expired one), so
     # that a damaged record at the head (too short to be a message) is passed over here.
     messages = rec.messages
-    walk = SegmentedIndex.items(messages) if isinstance(messages, SegmentedIndex) else ()
+    walk = messages.stored_items() if isinstance(messages, MessageIndex) else ()
     for seq, stored in walk:        # (() for ackqueue 0.1's BTree: no deadlines in it)
         expires_at = stored[_EXPIRES_AT] if len(stored) > _EXPIRES_AT else None
         if expires_at is None or index.has(seq, expires_at):

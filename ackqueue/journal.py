@@ -29,7 +29,7 @@ from itertools import chain
 from ZODB.POSException import ConflictError
 
 __all__ = ["KeyRuns", "KeyJournal", "JOURNAL_KEYS", "JOURNAL_RUNS", "JOURNAL_BATCH",
-           "merge_states",
+           "merge_states", "merge_runs",
            "ADDED", "REMOVED"]
 
 JOURNAL_KEYS = 4096     # keys in a journal above which it is folded (16 full segments)
@@ -205,15 +205,22 @@ def merge_states(old, committed, new):
     between two sets are the runs of the points that only one of them has."""
     merged = {}
     for name in (ADDED, REMOVED):
-        before = set(old.get(name, ()))
-        theirs = before.symmetric_difference(committed.get(name, ()))   # keys they changed
-        ours = before.symmetric_difference(new.get(name, ()))           # keys we changed
-        if _runs_meet(sorted(theirs), sorted(ours)):
-            raise ConflictError("both transactions changed the same ready-set entry")
-        points = before ^ theirs ^ ours
+        points = merge_runs(old.get(name, ()), committed.get(name, ()), new.get(name, ()),
+                            "ready-set entry")
         if points:
-            merged[name] = tuple(sorted(points))
+            merged[name] = points
     return merged
+
+
+def merge_runs(old, committed, new, what):
+    """The runs (stored flat) that merge two concurrent changes of the runs old;
+    ConflictError (naming what a key is) when both changed one key.  See merge_states."""
+    before = set(old)
+    theirs = before.symmetric_difference(committed)   # the toggle points of keys they changed
+    ours = before.symmetric_difference(new)           # and of the keys we changed
+    if _runs_meet(sorted(theirs), sorted(ours)):
+        raise ConflictError(f"both transactions changed the same {what}")
+    return tuple(sorted(before ^ theirs ^ ours))
 
 
 def _runs_meet(a, b):

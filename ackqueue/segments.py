@@ -26,13 +26,23 @@ from BTrees.LOBTree import LOBTree
 from persistent import Persistent
 from ZODB.POSException import ConflictError
 
-from .journal import JOURNAL_BATCH, KeyJournal
+from .journal import JOURNAL_BATCH, KeyJournal, KeyRuns
 
 __all__ = ["SegmentedIndex", "Segment", "KeySet", "KeySegment", "MessageIndex", "Msg"]
 
 _MISSING = object()
 _PROTOCOL = 4
 RETIRED = b"retired"       # the state of a segment that was emptied and unlinked
+
+# A message index's journal (MessageIndex, store format 7) is folded into its segments
+# once it holds more than INBOX_KEYS new messages (a segment's worth), or more than
+# INBOX_BYTES of their bodies (every put rewrites the inbox with the queue's Counters),
+# or more than GONE_KEYS deleted seqs or GONE_RUNS runs of them (a fold deletes them
+# from their segments: GONE_KEYS is 16 segments).
+INBOX_KEYS = 16
+INBOX_BYTES = 8192
+GONE_KEYS = 256
+GONE_RUNS = 16
 
 
 class Segment(Persistent):
@@ -629,7 +639,24 @@ class MessageIndex(SegmentedIndex):
     Its segments are smaller than the ready index's (16 messages, not 64) because every
     put, ack and give-back rewrites a whole segment: with 16, a one-message commit of a
     100-byte item wrote 2.1 KB instead of 5.4 KB (measured), which a fsync'd commit feels.  The index's bits are
-    stored with it, so files made with 64 keep working."""
+    stored with it, so files made with 64 keep working.
+
+    Since store format 7 a queue's message index keeps its recent changes in its
+    journal_holder, the queue's Counters, which every put and ack writes anyway (as the
+    ready set keeps its journal there): the messages put since the last fold
+    (``holder.inbox``, seq -> stored tuple) and the seqs deleted since then that its
+    segments still hold (``holder.gone``, KeyRuns).  A put or an ack of one message then
+    writes one record, the Counters, instead of the Counters and a segment; the commit
+    that makes the inbox pass INBOX_KEYS messages (or INBOX_BYTES of bodies), or gone pass
+    GONE_KEYS seqs (or GONE_RUNS runs), folds them into the segments.  A batch of more
+    than JOURNAL_BATCH messages goes to the segments directly, as before.  Every method
+    here reads and changes the index with its journal: the segments alone are not the
+    index.  Invariants: a seq is in at most one of the inbox and the segments, and every
+    seq in gone is in the segments.  Concurrent commits merge in the Counters' conflict
+    resolution (store.Counters): changes of different messages merge, two changes of one
+    message conflict, and a write of new messages to the segments (a fold, a batch)
+    conflicts with any concurrent new message in the inbox, which a merge of the inboxes
+    alone could not tell from a second message with the same seq."""
 
     # New messages always get new, higher sequence numbers: a segment below the last one
     # that an ack or a delete empties is unlinked in that commit (see discard).  A put
@@ -637,27 +664,142 @@ class MessageIndex(SegmentedIndex):
     # segment gone: it makes it again.
     unlink_emptied = True
 
-    def __init__(self, bits=4):
+    journal_holder = None   # an object whose .inbox and .gone hold recent changes
+
+    def __init__(self, bits=4, journal_holder=None):
         super().__init__(bits)
+        if journal_holder is not None:
+            self.journal_holder = journal_holder
+
+    def keep_journal_in(self, holder):
+        """From now on keep recent changes in holder.inbox and holder.gone (the format 7
+        migration)."""
+        self.journal_holder = holder
+
+    # -- reading --------------------------------------------------------------------------
+
+    def stored(self, key, default=None):
+        """Message key as stored (a plain tuple, see _stored), or default."""
+        holder = self.journal_holder
+        if holder is not None:
+            value = holder.inbox.get(key)
+            if value is not None:
+                return value
+            gone = holder.gone
+            if gone.count and key in gone:
+                return default
+        segment = self._segment(key)
+        if segment is None:
+            return default
+        return segment.data.get(key, default)
 
     def get(self, key, default=None):
-        value = super().get(key, _MISSING)
+        value = self.stored(key, _MISSING)
         return default if value is _MISSING else Msg(*value)
 
+    def __contains__(self, key):
+        return self.stored(key, _MISSING) is not _MISSING
+
+    def stored_items(self, min=None):
+        """(seq, stored tuple) of every message with seq >= min, in seq order."""
+        start = None if min is None else min >> self.bits
+        base = ((key, value) for segment in self.segments.values(start)
+                for key, value in sorted(segment.data.items())
+                if min is None or key >= min)
+        holder = self.journal_holder
+        if holder is None:
+            return base
+        gone = holder.gone
+        if gone.count:
+            base = ((key, value) for key, value in base if key not in gone)
+        inbox = holder.inbox
+        if not inbox:
+            return base
+        recent = sorted(item for item in inbox.items() if min is None or item[0] >= min)
+        return heapq.merge(base, recent, key=_first)
+
+    def keys(self, min=None):
+        for key, _ in self.stored_items(min):
+            yield key
+
+    __iter__ = keys
+
+    def items(self):
+        for key, value in self.stored_items():
+            yield key, Msg(*value)
+
+    def values(self):
+        for _, value in self.items():
+            yield value
+
+    def __len__(self):
+        """Counts every segment (not for hot paths: the queue keeps Counters for sizes)."""
+        base = SegmentedIndex.__len__(self)
+        holder = self.journal_holder
+        return base if holder is None else base - holder.gone.count + len(holder.inbox)
+
+    def __bool__(self):
+        return any(True for _ in self.stored_items())
+
+    def key_list(self):
+        return list(self.keys())
+
+    # -- changes --------------------------------------------------------------------------
+
     def __setitem__(self, key, value):
-        super().__setitem__(key, _stored(value))
+        self._put(key, _stored(value))
+
+    def _put(self, key, value):
+        holder = self.journal_holder
+        if holder is None:
+            SegmentedIndex.__setitem__(self, key, value)
+            return
+        inbox = holder.inbox
+        if key in inbox:
+            inbox[key] = value
+            holder._p_changed = True
+            return
+        if holder.gone.count and holder.gone.discard(key):
+            # A deleted seq written again (not something a queue does; kept exact): the
+            # segments' copy is its place again.
+            holder._p_changed = True
+            SegmentedIndex.__setitem__(self, key, value)
+            return
+        segment = self._segment(key)
+        if segment is not None and key in segment.data:
+            SegmentedIndex.__setitem__(self, key, value)      # a change of an older one
+            return
+        inbox[key] = value                                    # a new message
+        holder._p_changed = True
+        if len(inbox) > INBOX_KEYS or (
+                len(inbox) > 1
+                and sum(len(v[0] or b"") for v in inbox.values()) > INBOX_BYTES):
+            self.fold()
 
     def set_many(self, pairs):
-        self._set_many((key, _stored(value)) for key, value in pairs)
+        self.set_stored([(key, _stored(value)) for key, value in pairs])
 
     def set_stored(self, pairs):
         """set_many of (seq, message) whose message is already as stored (see _stored: a
         tuple without trailing None fields)."""
+        pairs = list(pairs)
+        if self.journal_holder is not None:
+            if len(pairs) <= JOURNAL_BATCH:
+                for key, value in pairs:
+                    self._put(key, value)
+                return
+            pairs = self._to_segments(pairs)
+            self._new_in_segments()
         self._set_many(pairs)
 
     def set_run(self, seqs, messages):
         """set_stored of ascending seqs and their messages (as stored), one segment at a
         time: a batch of puts fills each segment with one dict update."""
+        if self.journal_holder is not None:
+            if len(seqs) <= JOURNAL_BATCH or not self._clear_of_journal(seqs):
+                self.set_stored(zip(seqs, messages))
+                return
+            self._new_in_segments()
         segments = self.segments
         for number, i, j in _segment_spans(seqs, self.bits):
             segment = segments.get(number)
@@ -667,9 +809,123 @@ class MessageIndex(SegmentedIndex):
             segment._p_changed = True
             data.update(zip(seqs[i:j], messages[i:j]))
 
-    def items(self):
-        for key, value in super().items():
-            yield key, Msg(*value)
+    def _new_in_segments(self):
+        """Count a write of new messages to the segments in the holder (Counters.folds):
+        a concurrent commit that puts a new message in the inbox then conflicts with this
+        one, as it would have on a segment (see store._merge_folds)."""
+        holder = self.journal_holder
+        holder.folds += 1
+        holder._p_changed = True
+
+    def _clear_of_journal(self, seqs):
+        """Whether none of ascending seqs is in the inbox or gone (new messages' seqs)."""
+        holder = self.journal_holder
+        if holder.inbox and not holder.inbox.keys().isdisjoint(seqs):
+            return False
+        return not (holder.gone.count and holder.gone.overlaps(seqs[0], seqs[-1] + 1))
+
+    def _to_segments(self, pairs):
+        """Of pairs about to be written to the segments directly, those whose seq is in the
+        inbox are changed there; a seq in gone leaves it (written again: see _put)."""
+        holder = self.journal_holder
+        inbox, gone = holder.inbox, holder.gone
+        if not inbox and not gone.count:
+            return pairs
+        out = []
+        for key, value in pairs:
+            if key in inbox:
+                inbox[key] = value
+                holder._p_changed = True
+            else:
+                if gone.count and gone.discard(key):
+                    holder._p_changed = True
+                out.append((key, value))
+        return out
+
+    def discard(self, key):
+        """Remove key if present; True if it was there."""
+        holder = self.journal_holder
+        if holder is None:
+            return SegmentedIndex.discard(self, key)
+        if holder.inbox.pop(key, None) is not None:
+            holder._p_changed = True
+            return True
+        gone = holder.gone
+        if gone.count and key in gone:
+            return False
+        segment = self._segment(key)
+        if segment is None or key not in segment.data:
+            return False
+        gone.add(key)
+        self._gone_changed(holder, gone)
+        return True
+
+    def discard_many(self, keys):
+        """discard() each key; return the set of keys that were there."""
+        if self.journal_holder is None:
+            return SegmentedIndex.discard_many(self, keys)
+        keys = list(keys)
+        if len(keys) <= JOURNAL_BATCH:
+            discard = self.discard
+            return {key for key in keys if discard(key)}
+        removed, rest = self._leave_journal(keys)
+        return removed | SegmentedIndex.discard_many(self, rest)
+
+    def discard_sorted(self, keys):
+        """discard_many() of ascending keys, without its report: a segment whose every key
+        goes is emptied in one step (the ack_many of neighbouring messages), the others
+        key by key."""
+        holder = self.journal_holder
+        if holder is None:
+            SegmentedIndex.discard_sorted(self, keys)
+            return
+        if len(keys) <= JOURNAL_BATCH:
+            for key in keys:
+                self.discard(key)
+            return
+        _, rest = self._leave_journal(keys)
+        SegmentedIndex.discard_sorted(self, rest)
+
+    def _leave_journal(self, keys):
+        """(the keys taken out of the inbox, the others that are not in gone, in order):
+        the part of a large discard that the journal takes, and what is left for the
+        segments."""
+        holder = self.journal_holder
+        inbox, gone = holder.inbox, holder.gone
+        if not inbox and not gone.count:
+            return set(), keys
+        removed, rest = set(), []
+        for key in keys:
+            if inbox.pop(key, None) is not None:
+                removed.add(key)
+            elif not (gone.count and key in gone):
+                rest.append(key)
+        if removed:
+            holder._p_changed = True
+        return removed, rest
+
+    def _gone_changed(self, holder, gone):
+        holder._p_changed = True
+        if gone.count > GONE_KEYS or len(gone.starts) > GONE_RUNS:
+            self.fold()
+
+    def fold(self):
+        """Write the inbox and gone into the segments and empty them."""
+        holder = self.journal_holder
+        if holder is None or not (holder.inbox or holder.gone.count):
+            return
+        inbox, gone = holder.inbox, holder.gone
+        holder.inbox, holder.gone = {}, KeyRuns()
+        holder._p_changed = True
+        if inbox:
+            self._new_in_segments()
+            self._set_many(sorted(inbox.items()))
+        if gone.count:
+            SegmentedIndex.discard_sorted(self, list(gone))
+
+
+def _first(item):
+    return item[0]
 
 
 def _stored(msg):

@@ -4,7 +4,8 @@ Layout, under the database root::
 
     root["ackqueue"]            Catalog
       .queues[name]             QueueRecord (one per named queue)
-        .messages[seq]          Msg: the pickled item and its delivery history (inline)
+        .messages[seq]          Msg: the pickled item and its delivery history (inline;
+                                its recent changes in .counts' journal, format 7)
         .ready                  set of store keys: what can be delivered, in delivery order
                                 (its recent changes in .counts' journal, format 5)
         .inflight[seq]          what is out: its deadline (a time.time() float, 0.0 for none)
@@ -19,16 +20,21 @@ Layout, under the database root::
         .codec                  how puts encode items (ackqueue.codec), None for the default
         .next_seq               SeqCounter: the next sequence number (never reused)
         .counts                 Counters: ready/inflight/delayed sizes and lifetime totals,
-                                the expiry order marker and the ready set's journal
+                                the expiry order marker and the journals of the ready set
+                                and of the messages
         .holds[name]            (deadline, reads, packed ids): named durable holds
                                 (ackqueue.holds; made by the first hold)
       .leases[lease id]         LeaseRecord: one per process using the storage through a server
 
 Why this shape:
-- A message is a plain tuple (ackqueue.segments.Msg) kept inline in its index segment: a
-  put writes that segment (its run of 16 neighbours, pickled as one bytes object) and the
-  queue's Counters, which hold the ready set's recent changes (ackqueue.journal, format
-  5), and nothing else; an ack writes the same two.  A body over LARGE_BODY bytes is kept
+- A message is a plain tuple (ackqueue.segments.Msg) kept inline in its index segment
+  (its run of 16 neighbours, pickled as one bytes object).  A put or an ack of one message
+  writes one record, the queue's Counters, which hold the recent changes of the ready set
+  (ackqueue.journal, format 5) and of the messages (segments.MessageIndex, format 7: the
+  messages put since the index's last fold, and the seqs deleted since then), and
+  nothing else; the commit that passes a journal's bound also writes the segments it
+  folds into (once per 16 puts, once per 256 acks).  A batch of more than 16 (put_many,
+  ack_many) writes its segments and the Counters.  A body over LARGE_BODY bytes is kept
   in a Body record of its own (``.bodies[seq]``), so that big items are not rewritten
   with every change to their neighbours; one over BODY_PART (4 MB) in parts of that size
   (Body.parts, format 3), so that no record reaches ZODB's large-record warning.
@@ -88,7 +94,7 @@ from persistent import Persistent
 from ZODB.POSException import ConflictError
 
 from .expiry import ExpiryIndex, NO_ORDER, build as build_expiry_index, split_ordered
-from .journal import ADDED, REMOVED, KeyJournal, merge_states
+from .journal import ADDED, REMOVED, KeyJournal, KeyRuns, merge_runs, merge_states
 from .segments import KeySet, MessageIndex, Msg, SegmentedIndex
 
 from .errors import DuplicateMessage, Refused, StaleAck, UnsupportedFormat
@@ -106,7 +112,7 @@ __all__ = [
 ]
 
 ROOT_KEY = "ackqueue"
-FORMAT = 6          # the version of the layout this code writes (see "The format contract")
+FORMAT = 7          # the version of the layout this code writes (see "The format contract")
 # The format of a catalog that records none.  Catalog has recorded its format since the
 # first commit of ackqueue, so only a catalog made by other means lacks it; it is read
 # as format 1, the only layout it could have.
@@ -177,8 +183,22 @@ def _format_5_to_6(root):
             rec.dedup_ids = None
 
 
+def _format_6_to_7(root):
+    """Format 7 keeps a message index's recent changes (the messages put, and the seqs
+    deleted, since its last fold) in its queue's Counters (segments.MessageIndex
+    .journal_holder), as format 5 did for the ready set, so that a put or an ack of one
+    message writes one record instead of two.  Each message index is pointed at its
+    queue's Counters here; its journal starts empty, so nothing else is rewritten.  The
+    version is bumped so that an ackqueue that knows only format 6 (which would read the
+    index without its journal) refuses the file."""
+    catalog = root.get(ROOT_KEY)
+    for rec in (catalog.queues.values() if catalog is not None else ()):
+        if isinstance(rec.messages, MessageIndex) and rec.messages.journal_holder is None:
+            rec.messages.keep_journal_in(rec.counts)
+
+
 MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3, 3: _format_3_to_4, 4: _format_4_to_5,
-              5: _format_5_to_6}
+              5: _format_5_to_6, 6: _format_6_to_7}
 
 FIFO, LIFO, VALUE = "fifo", "lifo", "value"
 KINDS = (FIFO, LIFO, VALUE)
@@ -199,6 +219,8 @@ SEQ_BITS = 48
 SEQ_MASK = (1 << SEQ_BITS) - 1
 _EXPIRES_AT = Msg._fields.index("expires_at")
 _PICKLE_PROTOCOL = 4        # of the bytes states (Counters here, Segment in segments.py)
+INBOX, GONE, FOLDS = "messages+", "messages-", "messages~"   # the names the message
+                                        # index's journal is stored under (Counters, format 7)
 
 
 def store_key(kind, priority, seq):
@@ -228,7 +250,10 @@ class Counters(Persistent):
     It also holds, because every commit that changes the queue writes it anyway, the
     expiry order marker (below) and, since format 5, the journal of the queue's ready
     set (``journal``, ackqueue.journal: the keys added and removed since the set's last
-    fold, stored under two names beside the values; see segments.KeySet)."""
+    fold, stored under two names beside the values; see segments.KeySet) and, since
+    format 7, the journal of its message index (``inbox`` and ``gone``: the messages
+    put and the seqs deleted since the index's last fold; see segments.MessageIndex), so
+    that a put or an ack of one message writes this record alone."""
 
     FIELDS = ("ready", "inflight", "delayed", "put", "acked", "redelivered",
               "given_back", "recovered", "expired", "dead_lettered", "dropped", "purged",
@@ -238,6 +263,11 @@ class Counters(Persistent):
     def __init__(self):
         self.values = dict.fromkeys(self.FIELDS, 0)
         self.journal = KeyJournal()
+        # The message index's journal (format 7, segments.MessageIndex): new messages not
+        # yet in its segments (seq -> stored tuple), and deleted seqs they still hold.
+        self.inbox = {}
+        self.gone = KeyRuns()
+        self.folds = 0          # writes of new messages to the segments (see _p_resolveConflict)
 
     def add(self, **deltas):
         values = self.values
@@ -263,18 +293,37 @@ class Counters(Persistent):
 
     def __getstate__(self):
         values = self.values
-        if self.journal:
+        if self.journal or self.inbox or self.gone.count or self.folds:
             values = {**values, **self.journal.stored()}
+            if self.inbox:
+                values[INBOX] = self.inbox
+            if self.gone.count:
+                values[GONE] = self.gone.flat()
+            if self.folds:
+                values[FOLDS] = self.folds
         return pickle.dumps(values, protocol=_PICKLE_PROTOCOL)
 
     def __setstate__(self, state):
-        self.values = _counter_values(state)
-        self.journal = KeyJournal.take_from(self.values)
+        self.values = values = _counter_values(state)
+        self.journal = KeyJournal.take_from(values)
+        self.inbox = values.pop(INBOX, None) or {}
+        self.gone = KeyRuns(values.pop(GONE, ()))
+        self.folds = values.pop(FOLDS, 0)
 
     def _p_resolveConflict(self, old, committed, new):
         old, committed, new = map(_counter_values, (old, committed, new))
         journal = merge_states(*({name: state.pop(name) for name in (ADDED, REMOVED)
                                   if name in state} for state in (old, committed, new)))
+        inboxes = [state.pop(INBOX, None) or {} for state in (old, committed, new)]
+        folds = [state.pop(FOLDS, 0) for state in (old, committed, new)]
+        journal.update(_merge_folds(inboxes, folds))
+        inbox = _merge_inboxes(*inboxes)
+        if inbox:
+            journal[INBOX] = inbox
+        gone = merge_runs(*(state.pop(GONE, ()) for state in (old, committed, new)),
+                          "deleted message")
+        if gone:
+            journal[GONE] = gone
         order = [state.pop(self.ORDER, NO_ORDER) for state in (old, committed, new)]
         if order[1] != order[0] and order[2] != order[0]:
             # Two commits each stored ordered messages against the same marker: their
@@ -287,6 +336,40 @@ class Counters(Persistent):
             values[self.ORDER] = marker
         values.update(journal)
         return pickle.dumps(values, protocol=_PICKLE_PROTOCOL)
+
+
+def _merge_folds(inboxes, folds):
+    """{FOLDS: n} of a merge, or ConflictError when one side wrote new messages to the
+    segments (a fold, a batch) while the other put a new message in the inbox.  Through a
+    server two puts may take one seq (SeqCounter merges by taking the larger): what sends
+    one back is that both wrote that message, and when one wrote it to a segment and the
+    other to the inbox, only this rule sees it."""
+    (old_inbox, theirs, ours), (before, theirs_folds, our_folds) = inboxes, folds
+    they_folded, we_folded = theirs_folds != before, our_folds != before
+    if ((they_folded and ours.keys() - old_inbox.keys())
+            or (we_folded and theirs.keys() - old_inbox.keys())
+            or (they_folded and we_folded)):
+        raise ConflictError("new queue messages were written beside a fold of them")
+    merged = our_folds if we_folded else theirs_folds
+    return {FOLDS: merged} if merged else {}
+
+
+def _merge_inboxes(old, committed, new):
+    """The inbox (seq -> stored message) that merges two concurrent changes of old;
+    ConflictError when both changed one message (two claims of it, or a fold that moved
+    it to its segment beside a change of it: the commit is retried on the folded index)."""
+    merged = {}
+    for seq in old.keys() | committed.keys() | new.keys():
+        before, theirs, ours = old.get(seq), committed.get(seq), new.get(seq)
+        if theirs == before:
+            value = ours
+        elif ours == before:
+            value = theirs
+        else:
+            raise ConflictError("both transactions changed the same queue message")
+        if value is not None:
+            merged[seq] = value
+    return merged
 
 
 def _counter_values(state):
@@ -398,8 +481,8 @@ class QueueRecord(Persistent):
         self.name = name
         self.kind = kind
         self.created = time.time()
-        self.messages = MessageIndex()
         self.counts = Counters()
+        self.messages = MessageIndex(journal_holder=self.counts)
         self.ready = KeySet(journal_holder=self.counts)
         self.inflight = LOBTree()
         self.delayed = LOBTree()
@@ -557,10 +640,10 @@ class QueueRecord(Persistent):
         have no entry (expiry.py); an index without entries is not read."""
         if not self.expiry.slots:
             return
-        get, missing = SegmentedIndex.get, ()
+        stored_of, missing = self.messages.stored, ()
         pairs = []
         for seq in seqs:
-            stored = get(self.messages, seq, missing)
+            stored = stored_of(seq, missing)
             if len(stored) > _EXPIRES_AT:
                 pairs.append((seq, stored[_EXPIRES_AT]))
         self.expiry.discard_many(pairs)
@@ -648,7 +731,8 @@ class QueueRecord(Persistent):
         indexes; True if anything changed (the caller commits)."""
         changed = False
         if not isinstance(self.messages, MessageIndex):
-            old, self.messages, changed = self.messages, MessageIndex(), True
+            old, changed = self.messages, True
+            self.messages = MessageIndex(journal_holder=self.counts)
             for seq, m in old.items():
                 self.add_message(seq, m.body, m.priority, m.sent_at)
                 self.messages[seq] = self.messages[seq]._replace(

@@ -18,8 +18,9 @@ def test_a_put_with_a_dedup_id_writes_one_dedup_record(tmp_path):
             q.put(k, dedup_id=f"warm-{k}")
         q.put("x", dedup_id="idempotency:7d1f")
     written = records_of_last_transaction(path)
-    assert written[0] == "Counters" and written[-1] == "Segment"
-    assert len(written) == 3 and written[1] in ("OOBTree", "OOBucket"), written
+    # (the message itself is in the Counters: the message index's journal, format 7)
+    assert written[0] == "Counters"
+    assert len(written) == 2 and written[1] in ("OOBTree", "OOBucket"), written
 
 
 def to_format_5(root):
@@ -55,7 +56,7 @@ def test_a_format_5_file_is_migrated_and_its_dedup_ids_still_refuse(tmp_path):
     try:
         catalog = db.open().root()[store.ROOT_KEY]
         rec = catalog.queues["default"]
-        assert catalog.format == store.FORMAT == 6
+        assert catalog.format == store.FORMAT >= 6
         assert rec.dedup_ids is None
         assert rec.dedup["k1"] == (rec.dedup["k1"][0], int(first))
     finally:

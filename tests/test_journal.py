@@ -317,8 +317,9 @@ def test_a_fold_beside_a_change_of_another_key_merges(two):
 
 # -- what a queue writes -----------------------------------------------------------------
 
-def test_a_put_and_an_ack_each_write_the_message_segment_and_the_counters(tmp_path):
-    """Before format 5 each wrote a third record, the ready set's segment (KeySegment)."""
+def test_a_put_and_an_ack_each_write_the_counters_alone(tmp_path):
+    """Before format 5 each wrote a third record, the ready set's segment (KeySegment);
+    before format 7 a second one, the message's segment (Segment)."""
     path = str(tmp_path / "q.fs")
     with AckQueue(path=path) as q:
         q.put_many(range(20))                   # the segments exist: nothing is created
@@ -326,8 +327,11 @@ def test_a_put_and_an_ack_each_write_the_message_segment_and_the_counters(tmp_pa
         written_by_put = records_of_last_transaction(path)
         q.ack(q.get())
         written_by_ack = records_of_last_transaction(path)
-    assert written_by_put == ["Counters", "Segment"]
-    assert written_by_ack == ["Counters", "Segment"]
+        q.ack(q.get())                          # the new message, taken from the inbox
+        written_by_second_ack = records_of_last_transaction(path)
+    assert written_by_put == ["Counters"]
+    assert written_by_ack == ["Counters"]
+    assert written_by_second_ack == ["Counters"]
 
 
 # -- the format 4 file, and a crash ---------------------------------------------------------

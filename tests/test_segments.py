@@ -6,7 +6,7 @@ from ZODB.FileStorage import FileStorage
 from ZODB.MappingStorage import MappingStorage
 from ZODB.POSException import ConflictError
 
-from ackqueue import AckQueue, store
+from ackqueue import AckQueue, segments, store
 from ackqueue.segments import KeySet, SegmentedIndex
 from two_connections import keys_after, two_connections
 
@@ -161,37 +161,53 @@ def test_a_key_set_packs_its_keys_and_holds_nothing_else(tmp_path):
 
 def test_an_ack_that_empties_an_old_message_segment_unlinks_it_in_that_commit(tmp_path):
     """No Compact commit has to write it again later (the last segment stays, for the
-    next puts)."""
-    with AckQueue(path=str(tmp_path / "q.fs")) as q:
-        q.put_many(range(40))                   # seqs 1-40: segments 0, 1 and 2
-        for _ in range(15):                     # seqs 1-15: all of segment 0
-            q.ack(q.get())
+    next puts).  One-message acks are kept in the index's journal (format 7) until it
+    passes GONE_KEYS: the ack that folds it unlinks the segments it empties."""
+    def segment_numbers(q):
         tm, conn = q._state.snapshot()
         try:
-            numbers = list(conn.root()[store.ROOT_KEY].queues["default"].messages
-                           .segments.keys())
+            messages = conn.root()[store.ROOT_KEY].queues["default"].messages
+            return list(messages.segments.keys()), len(messages)
         finally:
             tm.abort()
             conn.close()
-    assert numbers == [1, 2]
+
+    with AckQueue(path=str(tmp_path / "q.fs")) as q:
+        q.put_many(range(300))                  # seqs 1-300: segments 0 to 18
+        for _ in range(15):                     # seqs 1-15: all of segment 0
+            q.ack(q.get())
+        assert segment_numbers(q) == (list(range(19)), 285)   # in the journal: not yet
+        for _ in range(segments.GONE_KEYS + 1 - 15):           # seqs 16-257: the fold
+            q.ack(q.get())
+        assert segment_numbers(q) == ([16, 17, 18], 43)
+        q.put_many(range(2))
+        q.ack_many(q.get_many(43))              # a batch goes to the segments at once
+        assert segment_numbers(q) == ([18], 2)
 
 
 def test_a_put_into_a_message_segment_unlinked_meanwhile_makes_it_again():
     """Several threads commit their puts one by one: a lower seq may arrive after its
-    segment was emptied and unlinked."""
+    segment was emptied and unlinked.  (Each commit folds the index's journal here, as
+    the commit that passes its bound does.)"""
     db = ZODB.DB(MappingStorage())
     try:
         def put(seq):
             return store.Put("q", seq, store.store_key(store.FIFO, 100, seq), b"x", 100, 1.0)
+
+        def apply_and_fold(conn, ops):
+            store.apply_unit(conn.root(), ops)
+            messages = conn.root()[store.ROOT_KEY].queues["q"].messages
+            messages.fold()
+            return messages
         with db.transaction() as conn:
             store.ensure_queue(conn.root(), "q", store.FIFO)
-            store.apply_unit(conn.root(), [put(1), put(2), put(20)])
+            apply_and_fold(conn, [put(1), put(2), put(20)])
         with db.transaction() as conn:
-            store.apply_unit(conn.root(), [store.Ack("q", 1, put(1).key),
-                                           store.Ack("q", 2, put(2).key)])
-            assert list(conn.root()[store.ROOT_KEY].queues["q"].messages.segments) == [1]
+            messages = apply_and_fold(conn, [store.Ack("q", 1, put(1).key),
+                                             store.Ack("q", 2, put(2).key)])
+            assert list(messages.segments) == [1]
         with db.transaction() as conn:
-            store.apply_unit(conn.root(), [put(3)])
+            assert list(apply_and_fold(conn, [put(3)]).segments) == [0, 1]
         with db.transaction() as conn:
             rec = conn.root()[store.ROOT_KEY].queues["q"]
             assert [seq for seq, _ in rec.messages.items()] == [3, 20]
