@@ -755,9 +755,12 @@ class MessageIndex(SegmentedIndex):
             SegmentedIndex.__setitem__(self, key, value)
             return
         inbox = holder.inbox
-        if key in inbox:
+        old = inbox.get(key)
+        if old is not None:
+            size = _inbox_bytes(holder) - len(old[0] or b"") + len(value[0] or b"")
             inbox[key] = value
             holder._p_changed = True
+            self._inbox_grew(holder, size)
             return
         if holder.gone.count and holder.gone.discard(key):
             # A deleted seq written again (not something a queue does; kept exact): the
@@ -769,11 +772,15 @@ class MessageIndex(SegmentedIndex):
         if segment is not None and key in segment.data:
             SegmentedIndex.__setitem__(self, key, value)      # a change of an older one
             return
+        size = _inbox_bytes(holder) + len(value[0] or b"")
         inbox[key] = value                                    # a new message
         holder._p_changed = True
-        if len(inbox) > INBOX_KEYS or (
-                len(inbox) > 1
-                and sum(len(v[0] or b"") for v in inbox.values()) > INBOX_BYTES):
+        self._inbox_grew(holder, size)
+
+    def _inbox_grew(self, holder, size):
+        """The inbox now holds size bytes of bodies: fold it past its bounds."""
+        holder._v_inbox_bytes = size
+        if len(holder.inbox) > INBOX_KEYS or size > INBOX_BYTES:
             self.fold()
 
     def set_many(self, pairs):
@@ -825,30 +832,34 @@ class MessageIndex(SegmentedIndex):
         return not (holder.gone.count and holder.gone.overlaps(seqs[0], seqs[-1] + 1))
 
     def _to_segments(self, pairs):
-        """Of pairs about to be written to the segments directly, those whose seq is in the
-        inbox are changed there; a seq in gone leaves it (written again: see _put)."""
+        """pairs about to be written to the segments directly, less the journal's claims
+        on them: a seq in the inbox leaves it (its segment is its place now), and so does
+        a seq in gone (written again: see _put)."""
         holder = self.journal_holder
-        inbox, gone = holder.inbox, holder.gone
-        if not inbox and not gone.count:
+        if not holder.inbox and not holder.gone.count:
             return pairs
-        out = []
-        for key, value in pairs:
-            if key in inbox:
-                inbox[key] = value
-                holder._p_changed = True
-            else:
-                if gone.count and gone.discard(key):
+        for key, _ in pairs:
+            if not self._take_from_inbox(holder, key) and holder.gone.count:
+                if holder.gone.discard(key):
                     holder._p_changed = True
-                out.append((key, value))
-        return out
+        return pairs
+
+    def _take_from_inbox(self, holder, key):
+        """Take message key out of the inbox; False if it is not there."""
+        value = holder.inbox.get(key)
+        if value is None:
+            return False
+        holder._v_inbox_bytes = _inbox_bytes(holder) - len(value[0] or b"")
+        del holder.inbox[key]
+        holder._p_changed = True
+        return True
 
     def discard(self, key):
         """Remove key if present; True if it was there."""
         holder = self.journal_holder
         if holder is None:
             return SegmentedIndex.discard(self, key)
-        if holder.inbox.pop(key, None) is not None:
-            holder._p_changed = True
+        if self._take_from_inbox(holder, key):
             return True
         gone = holder.gone
         if gone.count and key in gone:
@@ -896,12 +907,10 @@ class MessageIndex(SegmentedIndex):
             return set(), keys
         removed, rest = set(), []
         for key in keys:
-            if inbox.pop(key, None) is not None:
+            if key in inbox and self._take_from_inbox(holder, key):
                 removed.add(key)
             elif not (gone.count and key in gone):
                 rest.append(key)
-        if removed:
-            holder._p_changed = True
         return removed, rest
 
     def _gone_changed(self, holder, gone):
@@ -916,6 +925,7 @@ class MessageIndex(SegmentedIndex):
             return
         inbox, gone = holder.inbox, holder.gone
         holder.inbox, holder.gone = {}, KeyRuns()
+        holder._v_inbox_bytes = 0
         holder._p_changed = True
         if inbox:
             self._new_in_segments()
@@ -926,6 +936,16 @@ class MessageIndex(SegmentedIndex):
 
 def _first(item):
     return item[0]
+
+
+def _inbox_bytes(holder):
+    """The bytes of the bodies in holder's inbox: counted once per load of the holder
+    (kept in a volatile attribute, which a ghost or an abort drops), then kept by the
+    changes here (read before the change)."""
+    size = getattr(holder, "_v_inbox_bytes", None)
+    if size is None:
+        size = sum(len(value[0] or b"") for value in holder.inbox.values())
+    return size
 
 
 def _stored(msg):

@@ -43,6 +43,7 @@ def check_against(messages, model):
     assert not holder.inbox.keys() & inside.keys()          # a seq in one place only
     assert set(holder.gone) <= inside.keys()                # gone: still in the segments
     assert dict(messages.stored_items()) == model
+    assert sum(len(v[0]) for v in holder.inbox.values()) <= segments.INBOX_BYTES
     assert list(messages.keys()) == sorted(model)
     assert len(messages) == len(model) and bool(messages) == bool(model)
     some = sorted(model)[len(model) // 2] if model else 0
@@ -56,8 +57,9 @@ def check_against(messages, model):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_index_with_its_journal_holds_what_a_dict_holds(seed):
-    """Random puts (one, a few, a batch), changes, deletes (one, a few, a batch, sorted or
-    not) and folds, committed and read back now and then."""
+    """Random puts (one, a few, a batch; bodies small and large enough to fold the inbox
+    by its bytes), changes, deletes (one, a few, a batch, sorted or not) and folds,
+    committed and read back now and then."""
     rng = random.Random(seed)
     db = ZODB.DB(MappingStorage())
     try:
@@ -71,7 +73,7 @@ def test_the_index_with_its_journal_holds_what_a_dict_holds(seed):
                 count = rng.choice([1, 1, 1, 3, segments.JOURNAL_BATCH + 5])
                 seqs = list(range(next_seq, next_seq + count))
                 next_seq += count + rng.choice([0, 0, 5])
-                values = [msg(s) for s in seqs]
+                values = [msg(s, b"x" * rng.choice([1, 1, 700, 3000])) for s in seqs]
                 how = rng.choice(["setitem", "set_stored", "set_run"])
                 if how == "setitem":
                     for s, v in zip(seqs, values):
