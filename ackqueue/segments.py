@@ -28,7 +28,8 @@ from ZODB.POSException import ConflictError
 
 from .journal import JOURNAL_BATCH, KeyJournal, KeyRuns
 
-__all__ = ["SegmentedIndex", "Segment", "KeySet", "KeySegment", "MessageIndex", "Msg"]
+__all__ = ["SegmentedIndex", "Segment", "KeySet", "KeySegment", "MessageIndex", "Msg",
+           "merge_entries"]
 
 _MISSING = object()
 _PROTOCOL = 4
@@ -83,21 +84,27 @@ class Segment(Persistent):
         old, committed, new = ({} if s == RETIRED else
                                pickle.loads(s) if isinstance(s, bytes) else s
                                for s in (old, committed, new))
-        merged = {}
-        for key in old.keys() | committed.keys() | new.keys():
-            before = old.get(key, _MISSING)
-            theirs = committed.get(key, _MISSING)
-            ours = new.get(key, _MISSING)
-            if theirs == before:
-                value = ours
-            elif ours == before:
-                value = theirs
-            else:
-                # Both changed this entry (two claims of one message, two acks, ...).
-                raise ConflictError("both transactions changed the same queue entry")
-            if value is not _MISSING:
-                merged[key] = value
-        return pickle.dumps(merged, protocol=_PROTOCOL)
+        return pickle.dumps(merge_entries(old, committed, new), protocol=_PROTOCOL)
+
+
+def merge_entries(old, committed, new, what="queue entry"):
+    """The dict that merges two concurrent changes (committed, new) of the dict old, key
+    by key; ConflictError (naming what an entry is) when both changed one key: two claims
+    of one message, two acks, or a fold that moved a message beside a change of it."""
+    merged = {}
+    for key in old.keys() | committed.keys() | new.keys():
+        before = old.get(key, _MISSING)
+        theirs = committed.get(key, _MISSING)
+        ours = new.get(key, _MISSING)
+        if theirs == before:
+            value = ours
+        elif ours == before:
+            value = theirs
+        else:
+            raise ConflictError(f"both transactions changed the same {what}")
+        if value is not _MISSING:
+            merged[key] = value
+    return merged
 
 
 class KeySegment(Segment):

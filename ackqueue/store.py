@@ -95,7 +95,7 @@ from ZODB.POSException import ConflictError
 
 from .expiry import ExpiryIndex, NO_ORDER, build as build_expiry_index, split_ordered
 from .journal import ADDED, REMOVED, KeyJournal, KeyRuns, merge_runs, merge_states
-from .segments import KeySet, MessageIndex, Msg, SegmentedIndex
+from .segments import KeySet, MessageIndex, Msg, SegmentedIndex, merge_entries
 
 from .errors import DuplicateMessage, Refused, StaleAck, UnsupportedFormat
 
@@ -317,7 +317,7 @@ class Counters(Persistent):
         inboxes = [state.pop(INBOX, None) or {} for state in (old, committed, new)]
         folds = [state.pop(FOLDS, 0) for state in (old, committed, new)]
         journal.update(_merge_folds(inboxes, folds))
-        inbox = _merge_inboxes(*inboxes)
+        inbox = merge_entries(*inboxes, what="queue message")
         if inbox:
             journal[INBOX] = inbox
         gone = merge_runs(*(state.pop(GONE, ()) for state in (old, committed, new)),
@@ -352,24 +352,6 @@ def _merge_folds(inboxes, folds):
         raise ConflictError("new queue messages were written beside a fold of them")
     merged = our_folds if we_folded else theirs_folds
     return {FOLDS: merged} if merged else {}
-
-
-def _merge_inboxes(old, committed, new):
-    """The inbox (seq -> stored message) that merges two concurrent changes of old;
-    ConflictError when both changed one message (two claims of it, or a fold that moved
-    it to its segment beside a change of it: the commit is retried on the folded index)."""
-    merged = {}
-    for seq in old.keys() | committed.keys() | new.keys():
-        before, theirs, ours = old.get(seq), committed.get(seq), new.get(seq)
-        if theirs == before:
-            value = ours
-        elif ours == before:
-            value = theirs
-        else:
-            raise ConflictError("both transactions changed the same queue message")
-        if value is not None:
-            merged[seq] = value
-    return merged
 
 
 def _counter_values(state):
