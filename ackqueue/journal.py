@@ -5,7 +5,8 @@ loads few objects, but then every put and every ack rewrote the segment holding 
 (up to 2 KB) as a third record beside the message's segment and the queue's Counters.
 Since format 5 the ready set keeps its recent changes in a KeyJournal stored *inside the
 queue's Counters*, which every such commit writes anyway: a put or an ack writes two
-records instead of three.  The journal is folded into the segments (by the commit that
+records instead of three (and since format 7, when the message index keeps its own recent
+changes there too, segments.MessageIndex, one).  The journal is folded into the segments (by the commit that
 makes it pass JOURNAL_KEYS keys or JOURNAL_RUNS runs), so it stays small.
 
 A FIFO or LIFO queue adds and removes neighbouring keys, so the keys added since the

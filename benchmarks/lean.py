@@ -23,8 +23,10 @@ ackqueue's features.
 With counted=True it also keeps, in every commit, ackqueue's own ``Counters`` object
 (ackqueue.store: the queue's counts and the journal of its ready set, a second record per
 commit, which is what lets ackqueue reopen a queue without a scan and keep its counts exact
-after a crash): a floor for the layout of ackqueue's store (since format 5) at the lean
-queue's Python (issue 28 point 1).  A batch whose keys are one run goes to the journal as
+after a crash): a floor for the layout of ackqueue's store formats 5 and 6 at the lean
+queue's Python (issue 28 point 1).  Since format 7 ackqueue keeps a one-at-a-time put or
+ack in that record alone (the message index's journal), so it writes one record where
+this writes two; batches write the same records as before.  A batch whose keys are one run goes to the journal as
 one run, as ackqueue's does.  Where ackqueue writes the ready set's segments (a full
 journal folded, a batch of more than JOURNAL_BATCH keys that is not one run) it writes
 nothing: it is, if anything, faster than that layout allows.

@@ -63,6 +63,7 @@ class FloorAdapter(AckQueueAdapter):
 CONTENDER = Contender(
     "ackqueue-floor", "ackqueue, no ready/counter writes (floor)", FloorAdapter,
     "a floor, not a product: ackqueue (fsync) with the ready-set, counter and expiry "
-    "marker writes switched off, so each commit writes the message segment alone",
+    "marker work switched off (before store format 7 its commits then wrote the message "
+    "segment alone; since, the one record ackqueue's do)",
     fast=False,
     family="ackqueue")

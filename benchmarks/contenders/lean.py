@@ -57,7 +57,8 @@ CONTENDER = Contender(
 
 class LeanCountedAdapter(LeanZodbAdapter):
     """The lean queue with ackqueue's Counters written in every commit (lean.py,
-    counted=True): a floor for the layout of ackqueue's store, issue 28 point 1."""
+    counted=True): a floor for the layout of ackqueue's store formats 5 and 6, issue 28
+    point 1 (since format 7 a one-at-a-time put or ack writes one record)."""
 
     def __init__(self, directory):
         from benchmarks import lean
@@ -70,5 +71,6 @@ COUNTED = Contender(
     "lean-counted", LEAN_COUNTED, LeanCountedAdapter,
     "a floor, not a product: the lean ZODB queue that also writes ackqueue's Counters "
     "(counts and the ready set's journal, a second record) in every commit, as ackqueue's "
-    "store format does; every commit fsync'd",
+    "store formats 5 and 6 did (since format 7 a put or an ack of one message writes the "
+    "Counters alone); every commit fsync'd",
     family="lean")
