@@ -695,10 +695,7 @@ class MessageIndex(SegmentedIndex):
             gone = holder.gone
             if gone.count and key in gone:
                 return default
-        segment = self._segment(key)
-        if segment is None:
-            return default
-        return segment.data.get(key, default)
+        return SegmentedIndex.get(self, key, default)
 
     def get(self, key, default=None):
         value = self.stored(key, _MISSING)
@@ -775,8 +772,7 @@ class MessageIndex(SegmentedIndex):
             holder._p_changed = True
             SegmentedIndex.__setitem__(self, key, value)
             return
-        segment = self._segment(key)
-        if segment is not None and key in segment.data:
+        if SegmentedIndex.__contains__(self, key):
             SegmentedIndex.__setitem__(self, key, value)      # a change of an older one
             return
         size = _inbox_bytes(holder) + len(value[0] or b"")
@@ -869,10 +865,7 @@ class MessageIndex(SegmentedIndex):
         if self._take_from_inbox(holder, key):
             return True
         gone = holder.gone
-        if gone.count and key in gone:
-            return False
-        segment = self._segment(key)
-        if segment is None or key not in segment.data:
+        if (gone.count and key in gone) or not SegmentedIndex.__contains__(self, key):
             return False
         gone.add(key)
         self._gone_changed(holder, gone)
