@@ -9,6 +9,7 @@ import pytest
 
 from ackqueue import AckQueue, DuplicateMessage, store
 from fs_records import records_of_last_transaction
+from older_formats import as_format
 
 
 def test_a_put_with_a_dedup_id_writes_one_dedup_record(tmp_path):
@@ -24,16 +25,17 @@ def test_a_put_with_a_dedup_id_writes_one_dedup_record(tmp_path):
 
 
 def to_format_5(root):
-    """What format 5 wrote: the until alone in .dedup, the seq in .dedup_ids."""
+    """What format 5 wrote: the until alone in .dedup, the seq in .dedup_ids (and the
+    message indexes without their journal, format 7's)."""
     from BTrees.OOBTree import OOBTree
     catalog = root[store.ROOT_KEY]
+    as_format(root, 5)
     for rec in catalog.queues.values():
         if rec.dedup is not None:
             rec.dedup_ids = OOBTree()
             for dedup_id, (until, seq) in list(rec.dedup.items()):
                 rec.dedup[dedup_id] = until
                 rec.dedup_ids[dedup_id] = seq
-    catalog.format = 5
 
 
 def test_a_format_5_file_is_migrated_and_its_dedup_ids_still_refuse(tmp_path):

@@ -3,9 +3,6 @@ Counters, as runs of keys, and folded into its segments.  Real ZODB storages, re
 concurrent commits from two connections, a real SIGKILL."""
 import random
 import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import ZODB
@@ -15,7 +12,9 @@ from ZODB.POSException import ConflictError
 from ackqueue import AckQueue, journal, store
 from ackqueue.journal import KeyJournal, KeyRuns
 from ackqueue.segments import KeySet
-from fs_records import records_of_last_transaction
+from fs_records import read_catalog, read_queue, records_of_last_transaction
+from helpers_reliability import run_child
+from older_formats import rewrite_file_as_format
 from two_connections import keys_after, two_connections
 
 
@@ -336,43 +335,29 @@ def test_a_put_and_an_ack_each_write_the_counters_alone(tmp_path):
 
 # -- the format 4 file, and a crash ---------------------------------------------------------
 
-def to_format_4(root):
-    """What format 4 wrote: ready sets whose every change is in their segments."""
-    catalog = root[store.ROOT_KEY]
-    for rec in catalog.queues.values():
-        rec.ready.fold()
-        del rec.ready.journal_holder            # back to the class default, None
-    catalog.format = 4
-
-
 def test_a_format_4_file_is_migrated_on_open(tmp_path):
     path = str(tmp_path / "q.fs")
     with AckQueue(path=path) as q:
         q.put_many(range(30))
         for _ in range(3):
             q.ack(q.get())
-    db = ZODB.DB(FileStorage(path))
-    with db.transaction() as conn:
-        to_format_4(conn.root())
-    db.close()
+    rewrite_file_as_format(path, 4)         # ready sets without their journal
     with AckQueue(path=path) as q:
         assert q.qsize() == 27
         q.put("new")
         assert [q.get() for _ in range(28)] == list(range(3, 30)) + ["new"]
-    db = ZODB.DB(FileStorage(path, read_only=True))
-    try:
-        catalog = db.open().root()[store.ROOT_KEY]
+
+    def migrated(catalog):
         rec = catalog.queues["default"]
         assert catalog.format == store.FORMAT >= 5
         assert rec.ready.journal_holder is rec.counts
         assert rec.counts.journal                       # the new put is in the journal
-    finally:
-        db.close()
+    read_catalog(path, migrated)
 
 
 def test_a_sigkill_with_changes_in_the_journal_loses_none_of_them(tmp_path):
     path = str(tmp_path / "q.fs")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+    proc = run_child("""
         import os, signal, sys
         from ackqueue import AckQueue
         q = AckQueue(path=sys.argv[1])
@@ -384,14 +369,10 @@ def test_a_sigkill_with_changes_in_the_journal_loses_none_of_them(tmp_path):
             q.ack(q.get())          # 0-4, in the journal
         print("done", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-    """), path, str(journal.JOURNAL_KEYS)], capture_output=True, text=True, timeout=60)
+    """, path, journal.JOURNAL_KEYS)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    db = ZODB.DB(FileStorage(path, read_only=True))
-    try:
-        counts = db.open().root()[store.ROOT_KEY].queues["default"].counts
-        assert len(counts.journal.added) == 10 and len(counts.journal.removed) == 5
-    finally:
-        db.close()
+    assert read_queue(path, lambda rec: (len(rec.counts.journal.added),
+                                         len(rec.counts.journal.removed))) == (10, 5)
     total = 20 + journal.JOURNAL_KEYS
     with AckQueue(path=path) as q:
         assert q.qsize() == total + 5

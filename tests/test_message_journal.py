@@ -4,9 +4,6 @@ writes one record.  A model of the index under random changes, real concurrent c
 from two connections, the format 6 file, and a real SIGKILL."""
 import random
 import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import transaction
@@ -17,6 +14,9 @@ from ZODB.POSException import ConflictError
 
 from ackqueue import AckQueue, segments, store
 from ackqueue.segments import MessageIndex, SegmentedIndex
+from fs_records import read_catalog, read_queue
+from helpers_reliability import run_child
+from older_formats import rewrite_file_as_format
 from two_connections import two_connections
 
 
@@ -254,15 +254,6 @@ def test_a_fold_beside_a_new_message_conflicts_and_the_retry_lands(two):
 
 # -- the format 6 file, and a crash ---------------------------------------------------------
 
-def to_format_6(root):
-    """What format 6 wrote: message indexes whose every change is in their segments."""
-    catalog = root[store.ROOT_KEY]
-    for rec in catalog.queues.values():
-        rec.messages.fold()
-        del rec.messages.journal_holder         # back to the class default, None
-    catalog.format = 6
-
-
 def test_a_format_6_file_is_migrated_on_open(tmp_path):
     path = str(tmp_path / "q.fs")
     with AckQueue(path=path) as q:
@@ -270,37 +261,30 @@ def test_a_format_6_file_is_migrated_on_open(tmp_path):
         for i in range(3):
             q.put(100 + i)                      # in the inbox
             q.ack(q.get())                      # in gone
-    db = ZODB.DB(FileStorage(path))
-    with db.transaction() as conn:
-        to_format_6(conn.root())
-    db.close()
-    db = ZODB.DB(FileStorage(path, read_only=True))
-    try:
-        rec = db.open().root()[store.ROOT_KEY].queues["default"]
+    rewrite_file_as_format(path, 6)         # message indexes without their journal
+
+    def as_format_6_left_it(rec):
         assert rec.messages.journal_holder is None
         assert len(SegmentedIndex.key_list(rec.messages)) == 30
-    finally:
-        db.close()
+    read_queue(path, as_format_6_left_it)
     with AckQueue(path=path) as q:
         assert q.qsize() == 30
         q.put("new")
         assert [q.get() for _ in range(31)] == list(range(3, 30)) + [100, 101, 102, "new"]
-    db = ZODB.DB(FileStorage(path, read_only=True))
-    try:
-        catalog = db.open().root()[store.ROOT_KEY]
+
+    def migrated(catalog):
         rec = catalog.queues["default"]
         assert catalog.format == store.FORMAT >= 7
         assert rec.messages.journal_holder is rec.counts
         assert len(rec.counts.inbox) == 1                # the new put is in the journal
-    finally:
-        db.close()
+    read_catalog(path, migrated)
 
 
 def test_a_sigkill_with_messages_in_the_journal_loses_none_of_them(tmp_path):
     """Puts and acks of one message, in the inbox and in gone when the process is
     killed, are all there after the restart; a batch beside them too."""
     path = str(tmp_path / "q.fs")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+    proc = run_child("""
         import os, signal, sys
         from ackqueue import AckQueue
         q = AckQueue(path=sys.argv[1])
@@ -312,14 +296,10 @@ def test_a_sigkill_with_messages_in_the_journal_loses_none_of_them(tmp_path):
         q.ack(q.get())              # 5: in gone
         print("done", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-    """), path], capture_output=True, text=True, timeout=60)
+    """, path)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    db = ZODB.DB(FileStorage(path, read_only=True))
-    try:
-        counts = db.open().root()[store.ROOT_KEY].queues["default"].counts
-        assert len(counts.inbox) == 10 and counts.gone.count == 6
-    finally:
-        db.close()
+    assert read_queue(path, lambda rec: (len(rec.counts.inbox), rec.counts.gone.count)) \
+        == (10, 6)
     with AckQueue(path=path) as q:
         assert q.qsize() == 44
         stats = q.stats()
