@@ -39,7 +39,6 @@ reconnected (ZEO reconnects by itself).  Its first attempt may have committed, s
 that ran into that are marked ``uncertain`` for their owners to interpret.
 """
 import collections
-import itertools
 import logging
 import random
 import threading
@@ -163,7 +162,10 @@ class Committer:
 
     def __init__(self, db, *, description="ackqueue"):
         self._db = db
-        self._cond = threading.Condition(threading.Lock())
+        # The hot paths take the condition's lock directly (a Lock's with is C code, a
+        # Condition's is two Python calls); wait and notify still go through _cond.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._pending = []
         self._closing = False
         self._baton = threading.Lock()    # held by whoever commits (see the module doc)
@@ -194,7 +196,7 @@ class Committer:
         lead=True: the caller will wait for the ticket at once, and commit it itself in
         wait() if nobody else is committing; the committer thread is not woken for it."""
         ticket = Ticket(ops, on_commit, on_fail)
-        with self._cond:
+        with self._lock:
             if self._closing:
                 raise CommitterClosed("the queue's storage is closed")
             self._pending.append(ticket)
@@ -276,7 +278,7 @@ class Committer:
 
     def _commit_pending(self):
         """With the baton: commit every pending unit as one group (False if none)."""
-        with self._cond:
+        with self._lock:
             batch, self._pending = self._deferred + self._pending, []
             self._deferred = []
         if not batch:
@@ -296,16 +298,19 @@ class Committer:
             raise
         finally:
             _settling.on = False
-            self._group_settled()
-            durable = sum(ticket._durable for ticket in batch)
+            if self._group_listeners:
+                self._group_settled()
+            durable = 0
+            for ticket in batch:
+                durable += ticket._durable
             if durable:
-                with self._cond:
+                with self._lock:
                     self._durable_on_way -= durable
         return True
 
     def _release_baton(self):
         self._baton.release()
-        with self._cond:
+        with self._lock:
             if self._pending:       # units that arrived meanwhile: the thread takes them
                 self._cond.notify()
 
@@ -344,7 +349,7 @@ class Committer:
                     log.exception("ackqueue: closing the committer's connection failed")
 
     def _commit_group(self, conn, tm, batch):
-        if not any(ticket.ops for ticket in batch):
+        if not (batch[0].ops if len(batch) == 1 else any(ticket.ops for ticket in batch)):
             for ticket in batch:          # barriers only: everything before them is in
                 ticket._settle(None)
             return
@@ -364,9 +369,9 @@ class Committer:
 
     def _try_commit(self, conn, tm, batch):
         """Apply and commit batch; return (None or the error, {ticket: Refused})."""
-        error, disconnects = None, 0
-        give_up = time.monotonic() + CONFLICT_PATIENCE
-        for attempt in itertools.count():
+        error, disconnects, give_up, attempt = None, 0, None, -1
+        while True:
+            attempt += 1
             refused = {}
             tm.begin()
             try:
@@ -382,7 +387,9 @@ class Committer:
                 self.conflicts += 1
                 self.conflicts_by_class[exc.class_name or "?"] += 1
                 error = exc
-                if time.monotonic() >= give_up:
+                if give_up is None:       # read the clock on the first conflict only
+                    give_up = time.monotonic() + CONFLICT_PATIENCE
+                elif time.monotonic() >= give_up:
                     break
                 # Writers that collided would collide again if they retried in step.
                 time.sleep(random.uniform(0, min(CONFLICT_BACKOFF, 0.0005 * 2 ** attempt)))

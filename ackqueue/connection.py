@@ -418,10 +418,13 @@ class QueueConnection(ThreadBound):
     def put(self, item, block=True, timeout=None, *, opts=DEFAULT_PUT, dedup_id=None):
         """Put item; returns once it is durable (or, in a transaction, once recorded).
         opts: a state.PutOptions (priority, delay, retention, attributes)."""
-        timeout = check_wait(block, timeout)
+        if timeout is not None or block is not True:
+            timeout = check_wait(block, timeout)
         pairs = [(item, codec.encode(item, self._state.codec))]
-        check_item_sizes(pairs, self._front.max_item_size)    # the bytes the store keeps
-        self._put_bodies(pairs, block, timeout, opts, (dedup_id,))
+        limit = self._front.max_item_size
+        if limit is not None:
+            check_item_sizes(pairs, limit)                # the bytes the store keeps
+        self._put_bodies(pairs, block, timeout, opts, (dedup_id,), ids=False)
 
     def put_many(self, items, block=True, timeout=None, *, opts=DEFAULT_PUT,
                  dedup_ids=None, encoded=False, then=None):
@@ -468,7 +471,8 @@ class QueueConnection(ThreadBound):
         return self._put_bodies(pairs, block, timeout, opts, dedup_ids, then)
 
     def _put_bodies(self, pairs, block, timeout, opts=DEFAULT_PUT, dedup_ids=None,
-                    then=None):
+                    then=None, ids=True):
+        """Put (item, body) pairs; their MessageIds (ids=False: None, for put())."""
         state = self._state
         if state.kind == store.VALUE:
             pairs = [(codec.decode(body, self._front.allowed_classes), body)
@@ -505,7 +509,7 @@ class QueueConnection(ThreadBound):
             raise
         if then is None:
             ticket.wait()
-        return _message_ids(ops)
+        return _message_ids(ops) if ids else None
 
     # -- get ------------------------------------------------------------------------------
 

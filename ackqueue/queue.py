@@ -376,9 +376,10 @@ class AckQueue(_stdlib_queue.Queue):
         if (priority == store.DEFAULT_PRIORITY and type(priority) is int and delay == 0
                 and type(delay) in (int, float) and retention is attributes is dedup_id
                 is None):
-            opts = self._default_put_options()          # the usual put: checked already
-        else:
-            opts = self._put_options(priority, delay, retention, attributes)
+            self._conn().put(item, block, timeout,      # the usual put: checked already
+                             opts=self._default_put_options())
+            return
+        opts = self._put_options(priority, delay, retention, attributes)
         self._conn().put(item, block, timeout, opts=opts, dedup_id=_dedup_id(dedup_id))
 
     def put_many(self, items, block=True, timeout=None, *, priority=store.DEFAULT_PRIORITY,

@@ -753,6 +753,10 @@ class MessageIndex(SegmentedIndex):
     def __setitem__(self, key, value):
         self._put(key, _stored(value))
 
+    def set_stored_one(self, key, value):
+        """self[key] = value for a value already as stored (see _stored)."""
+        self._put(key, value)
+
     def _put(self, key, value):
         holder = self.journal_holder
         if holder is None:

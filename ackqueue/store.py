@@ -493,11 +493,25 @@ class QueueRecord(Persistent):
     def add_put(self, op):
         """Store the message of one Put operation (add_message, without its keywords: the
         one-message put of every single put)."""
-        body = op.body if len(op.body) <= LARGE_BODY else self._inline(op.seq, op.body)
-        self.messages[op.seq] = (body, op.priority, op.sent_at, 0, None, None, None,
-                                 op.expires_at, op.attributes)
-        if self.expiry is not None and op.expires_at is not None:
-            self._index_expiry(((op.seq, op.expires_at),))
+        seq, body, expires_at = op.seq, op.body, op.expires_at
+        if len(body) > LARGE_BODY:
+            body = self._inline(seq, body)
+        # As stored (segments._stored: no trailing None fields), as add_puts makes it.
+        if op.attributes is not None:
+            msg = (body, op.priority, op.sent_at, 0, None, None, None, expires_at,
+                   op.attributes)
+        elif expires_at is not None:
+            msg = (body, op.priority, op.sent_at, 0, None, None, None, expires_at)
+        else:
+            msg = (body, op.priority, op.sent_at, 0, None, None, None)
+        self.messages.set_stored_one(seq, msg)
+        if self.expiry is not None and expires_at is not None:
+            counts = self.counts
+            last_at, last_seq = counts.order()
+            if expires_at >= last_at and seq > last_seq:
+                counts.set_order((expires_at, seq))     # ordered: no index entry
+            else:
+                self._index_expiry(((seq, expires_at),))
 
     def add_puts(self, puts):
         """Store the messages of Put operations (add_message for each, in one pass)."""

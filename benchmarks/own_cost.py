@@ -10,6 +10,16 @@ of 100 (scenario (d)).  It reports, per phase:
 - Python function calls per item (cProfile's count, profiler on, in the calling thread
   only; a measure of frames, not of time), and the top functions by own time with --top.
 
+With --instructions it counts instead the instructions each of those contenders runs per
+item (valgrind's cachegrind, which must be installed; no fsync, as --cpu): one child
+process per contender, phase and size, each counted whole, and the per-item figure taken
+from differences of runs that share their setup (put: two sizes of the put phase; get+ack:
+the put phase with and without the get+ack phase after it; the batch phases likewise).
+Unlike CPU time it does not depend on the machine's load: on this 2-core shared machine
+two counts of one tree differ by about 0.5%, where CPU times of one tree differ by 10-30%.
+That makes it the tool to tell whether a change of a few microseconds per operation took
+work out of the hot path; it says nothing about waiting (fsync, locks, thread switches).
+
 With --cpu it measures instead the CPU time (user + system, of the whole process) per item
 of the same phases without fsync (ackqueue with durability="os", the lean queue and the
 floor on the same OS-durable FileStorage), in --reps rounds that each run every contender
@@ -19,13 +29,18 @@ around the disk, less sensitive to the disk and to the machine's load than rates
 
     python -m benchmarks.own_cost [--n 400] [--top 15]
     python -m benchmarks.own_cost --cpu [--n 3000] [--reps 3]
+    python -m benchmarks.own_cost --instructions [--n 900]
 """
 import argparse
 import collections
 import cProfile
 import os
 import pstats
+import re
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -261,6 +276,55 @@ def cpu(kinds, n, reps):
     return out
 
 
+# --instructions: each phase that fills a queue, and the phase that empties it after.
+_PAIRS = (("put", "get+ack"), ("put_many(100)", "get_many+ack_many(100)"))
+_INSTRUCTION_KINDS = {"ackqueue": _AckOS, "lean": _LeanOS, "lean-counted": _LeanCountedOS}
+
+
+def _child(kind_name, phases, n):
+    """Run the given phases of one contender on a fresh file (a child process of
+    --instructions, counted by cachegrind from start to end)."""
+    kind = _INSTRUCTION_KINDS[kind_name]
+    with tempfile.TemporaryDirectory(dir=os.environ.get("OWN_COST_TMP")) as d:
+        q = kind(os.path.join(d, getattr(kind, "file_name", "q.fs")))
+        try:
+            for phase, _, run in _phases(q, n):
+                if phase in phases:
+                    run()
+        finally:
+            q.close()
+
+
+def _count(kind_name, phases, n):
+    """Instructions that one child run executes (valgrind's cachegrind, I refs)."""
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no",
+           "--cachegrind-out-file=/dev/null", sys.executable, "-m", "benchmarks.own_cost",
+           "--child", kind_name, ",".join(phases), str(n)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count in valgrind's output:\n{out.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def instructions(n, names=tuple(_INSTRUCTION_KINDS)):
+    """{contender: {phase: instructions per item}} (see the module docstring)."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (e.g. apt-get install valgrind)")
+    small = max(n // 3, 100)
+    out = {}
+    for name in names:
+        res = out[name] = {}
+        for first, second in _PAIRS:
+            alone_small = _count(name, (first,), small)
+            alone = _count(name, (first,), n)
+            both = _count(name, (first, second), n)
+            res[first] = (alone - alone_small) / (n - small)
+            res[second] = (both - alone) / n
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=400)
@@ -268,7 +332,27 @@ def main(argv=None):
     p.add_argument("--cpu", action="store_true",
                    help="CPU time per item without fsync, in --reps rounds of every contender")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--instructions", action="store_true",
+                   help="instructions per item (valgrind's cachegrind), without fsync")
+    p.add_argument("--contenders", default=",".join(_INSTRUCTION_KINDS),
+                   help="with --instructions: which of %(default)s")
+    p.add_argument("--child", nargs=3, metavar=("KIND", "PHASES", "N"),
+                   help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child:
+        kind_name, phases, n = args.child
+        _child(kind_name, phases.split(","), int(n))
+        return
+    if args.instructions:
+        res = instructions(args.n, args.contenders.split(","))
+        lean = res.get("lean")
+        print("== instructions per item (cachegrind, no fsync)"
+              + ("; the lean queue's over each" if lean else ""))
+        for name, phases in res.items():
+            for phase, count in phases.items():
+                ratio = f"   {lean[phase] / count:5.2f}x" if lean else ""
+                print(f"  {name:14s} {phase:28s} {count:12,.0f}{ratio}")
+        return
     if args.cpu:
         kinds = (_AckOS, _LeanOS, _LeanCountedOS, _FloorOS)
         res = cpu(kinds, args.n, args.reps)
