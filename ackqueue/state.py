@@ -33,6 +33,7 @@ import transaction
 from zope.interface import implementer
 
 from . import codec, expiry, store
+from .commit import CommitterClosed
 from .errors import CodecMismatch, QueueKindMismatch, ShutDown, StaleAck
 from .fresh import read_fresh
 from .interfaces import IQueueState
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 REAP_INTERVAL = 0.25           # how often held messages of ended threads are looked for
 SWEEP_INTERVAL = 60.0          # least seconds between sweeps for expired messages ...
 SWEEP_COST_FACTOR = 100        # ... and at least this many times a sweep's own duration
+PRUNE_STEP = 2000              # dedup ids (or put tokens) a sweep's prune reads per commit
 
 EXPIRED, DEAD = "expired", "dead"
 
@@ -199,7 +201,8 @@ def check_timeout(timeout, what="timeout"):
 
 def sweep_due(rec, now):
     """(seqs of the queue record's messages past their retention and not held through a
-    server, {seq: store key} of those or None, whether any dedup id's window has passed).
+    server, {seq: store key} of those or None, the tables among "dedup" and "tokens" in
+    which a dedup id's or a put token's window has passed).
     Read through the record's expiry index (O(log n + due)); a record without one (never
     migrated) is read whole."""
     found = expiry.due(rec, now)
@@ -209,11 +212,13 @@ def sweep_due(rec, now):
         due = [seq for seq, msg in rec.messages.items()
                if msg.expires_at is not None and msg.expires_at <= now and msg.holder is None]
         keys = None
-    dedup_due = rec.dedup is not None and any(
-        store.dedup_value(v)[0] <= now for v in rec.dedup.values())
-    dedup_due = dedup_due or (rec.put_tokens is not None and any(
-        until <= now for _, until in rec.put_tokens.values()))
-    return due, keys, dedup_due
+    tables = []
+    if rec.dedup is not None and any(store.dedup_value(v)[0] <= now
+                                     for v in rec.dedup.values()):
+        tables.append("dedup")
+    if rec.put_tokens is not None and any(until <= now for _, until in rec.put_tokens.values()):
+        tables.append("tokens")
+    return due, keys, tables
 
 
 @implementer(IQueueState)
@@ -911,7 +916,12 @@ class QueueState:
         """Take out ready and delayed messages past their retention, and forget dedup ids
         whose window has passed.  Reads the whole queue from the store, so it runs at most
         every SWEEP_INTERVAL seconds and at most 1/SWEEP_COST_FACTOR of the time; gets
-        never deliver an expired message in between.  Returns how many expired."""
+        never deliver an expired message in between.  Returns how many expired.
+
+        The dedup ids and put tokens are pruned in steps of PRUNE_STEP entries, one commit
+        each, each step submitted once the one before has committed: no commit of the
+        queue's scans a whole table (a service that dedups every put keeps one entry per
+        put of the last dedup window), so puts and acks wait for one step at most."""
         began, now = monotonic(), self.clock()
         tm, conn = self.snapshot()
 
@@ -919,20 +929,32 @@ class QueueState:
             tm.begin()                  # a fresh snapshot (again, after a pack cut one short)
             return sweep_due(conn.root()[store.ROOT_KEY].queues[self.name], now)
         try:
-            due, keys, dedup_due = read_fresh(read, tm.abort)
+            due, keys, prune = read_fresh(read, tm.abort)
         finally:
             tm.abort()
             conn.close()
         expired = self.arbiter.take_out_expired(due, keys)
         ops = [store.Expire(self.name, seq, now) for seq in expired]
-        if dedup_due:
-            ops.append(store.PruneDedup(self.name, now))
         if ops:
             self.committer.submit(ops)
+        for table in prune:
+            self._prune_step(store.PruneDedup(self.name, now, table, None, PRUNE_STEP))
         self._swept_at = now
         self._next_sweep = monotonic() + max(SWEEP_INTERVAL,
                                              SWEEP_COST_FACTOR * (monotonic() - began))
         return len(expired)
+
+    def _prune_step(self, op):
+        """Commit one step of a prune (store.PruneDedup with a limit), then the next, until
+        the table's end; a step that fails ends the walk (the next sweep starts again)."""
+        def committed():
+            if op.next_after is not None:
+                self._prune_step(store.PruneDedup(op.name, op.at, op.table, op.next_after,
+                                                  op.limit))
+        try:
+            self.committer.submit([op], on_commit=committed)
+        except CommitterClosed:
+            pass                      # closing: the next open's sweep prunes what is left
 
     def stop(self):
         self.arbiter.stop()

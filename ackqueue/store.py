@@ -1596,23 +1596,55 @@ def dedup_value(value):
 
 
 class PruneDedup(_Op):
-    """Forget dedup ids whose window has passed."""
+    """Forget the dedup ids and put tokens whose window has passed by clock time at.
 
-    __slots__ = ("name", "at")
+    With limit None, every one (a scan of both whole tables in one commit).  With a limit,
+    one step of a walk through them: at most limit entries after the key ``after`` (None:
+    from the start) of the table named by ``table`` ("dedup" or "tokens"), so that no one
+    commit scans a whole table; apply() leaves in ``next_after`` where the next step
+    starts (None once the table's end was reached).  QueueState.sweep chains the steps."""
 
-    def __init__(self, name, at):
+    __slots__ = ("name", "at", "table", "after", "limit", "next_after")
+
+    def __init__(self, name, at, table=None, after=None, limit=None):
         self.name, self.at = name, at
+        self.table, self.after, self.limit = table, after, limit
+        self.next_after = None
 
     def apply(self, root):
         rec = _queue(root, self.name)
-        if rec.put_tokens is not None:
-            for token in [k for k, (_, until) in rec.put_tokens.items() if until <= self.at]:
-                del rec.put_tokens[token]
-        dedup = rec.dedup
-        if dedup is None:
-            return
-        for dedup_id in [k for k, v in dedup.items() if dedup_value(v)[0] <= self.at]:
-            del dedup[dedup_id]
+        if self.limit is None:
+            for table in ("tokens", "dedup"):
+                self._prune(rec, table, None, None)
+        else:
+            self.next_after = self._prune(rec, self.table, self.after, self.limit)
+
+    def _prune(self, rec, table, after, limit):
+        """Delete the due entries of one table among at most limit after after; return the
+        last key looked at when more may follow, else None."""
+        entries = rec.put_tokens if table == "tokens" else rec.dedup
+        if entries is None:
+            return None
+        until_of = _token_until if table == "tokens" else _dedup_until
+        items = entries.items() if after is None else entries.items(after, excludemin=True)
+        due, last = [], None
+        for count, (key, value) in enumerate(items, 1):
+            if until_of(value) <= self.at:
+                due.append(key)
+            if count == limit:
+                last = key
+                break
+        for key in due:
+            del entries[key]
+        return last
+
+
+def _dedup_until(value):
+    return dedup_value(value)[0]
+
+
+def _token_until(value):
+    return value[1]
 
 
 class SetDeadline(_Op):

@@ -81,3 +81,84 @@ def test_expired_dedup_entries_are_pruned(tmp_path):
             assert list(conn.root()[store.ROOT_KEY].queues["default"].dedup) == ["long"]
     finally:
         db.close()
+
+
+def test_a_prune_step_reads_at_most_its_limit_and_keeps_an_id_put_again(tmp_path):
+    from ackqueue.store import PruneDedup, apply_unit
+    path = str(tmp_path / "q.fs")
+    with AckQueue(path=path) as q:
+        q.put_many(["a", "c", "d"], dedup_ids=["a", "c", "d"], dedup_window=1)
+        q.put_many(["b"], dedup_ids=["b"], dedup_window=600)     # as if put again since
+    db = ZODB.DB(FileStorage(path))
+    try:
+        with db.transaction() as conn:
+            at = conn.root()[store.ROOT_KEY].queues["default"].dedup["a"][0] + 1
+        steps = []
+        after = None
+        while True:
+            step = PruneDedup("default", at, "dedup", after, 2)
+            with db.transaction() as conn:
+                apply_unit(conn.root(), [step])
+            steps.append((after, step.next_after))
+            if step.next_after is None:
+                break
+            after = step.next_after
+        # two entries per step: (a, b) then (c, d), then an empty step past the end
+        assert steps == [(None, "b"), ("b", "d"), ("d", None)]
+        with db.transaction() as conn:
+            assert list(conn.root()[store.ROOT_KEY].queues["default"].dedup) == ["b"]
+    finally:
+        db.close()
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 1_000_000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_sweep_prunes_dedup_ids_one_step_per_commit(tmp_path, monkeypatch):
+    """A sweep forgets expired dedup ids in steps of PRUNE_STEP entries, each its own
+    commit and submitted once the one before committed: no commit scans the whole table
+    (a service that dedups every put keeps an entry per put of the last window)."""
+    from ackqueue import state as state_module
+    monkeypatch.setattr(state_module, "PRUNE_STEP", 3)
+    clock = _Clock()
+    q = AckQueue(path=str(tmp_path / "q.fs"), clock=clock)
+    try:
+        short = [f"s{i:02d}" for i in range(10)]
+        q.put_many(list(range(10)), dedup_ids=short, dedup_window=10)
+        q.put_many(["x", "y"], dedup_ids=["long1", "long2"], dedup_window=600)
+        st = q._state
+        steps = []
+        submit = st.committer.submit
+
+        def recording(ops, *args, **kwargs):
+            steps.extend(op for op in ops if isinstance(op, store.PruneDedup))
+            return submit(ops, *args, **kwargs)
+
+        monkeypatch.setattr(st.committer, "submit", recording)
+        clock.now += 30         # past the short window, short of the reaper's own sweep
+        st.sweep()
+        left = None
+        for _ in range(1000):                 # the steps commit one after the other
+            tm, conn = st.snapshot()
+            try:
+                left = sorted(conn.root()[store.ROOT_KEY].queues[q.name].dedup)
+            finally:
+                tm.abort()
+                conn.close()
+            if left == ["long1", "long2"] and steps and steps[-1].next_after is None:
+                break
+            st.committer.submit([], lead=True).wait()     # let the next step commit
+        assert left == ["long1", "long2"]
+        # 12 entries, 3 per step: 4 steps, and one more that finds the end
+        assert [s.limit for s in steps] == [3] * 5
+        assert [s.after for s in steps][0] is None and steps[-1].next_after is None
+        q.put("again", dedup_id="s03")                    # forgotten: accepted
+        with pytest.raises(DuplicateMessage):
+            q.put("again", dedup_id="long1")
+    finally:
+        q.close()
