@@ -39,6 +39,7 @@ reconnected (ZEO reconnects by itself).  Its first attempt may have committed, s
 that ran into that are marked ``uncertain`` for their owners to interpret.
 """
 import collections
+import itertools
 import logging
 import random
 import threading
@@ -369,9 +370,8 @@ class Committer:
 
     def _try_commit(self, conn, tm, batch):
         """Apply and commit batch; return (None or the error, {ticket: Refused})."""
-        error, disconnects, give_up, attempt = None, 0, None, -1
-        while True:
-            attempt += 1
+        error, disconnects, give_up = None, 0, None
+        for attempt in itertools.count():
             refused = {}
             tm.begin()
             try:

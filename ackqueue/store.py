@@ -354,6 +354,17 @@ def _merge_folds(inboxes, folds):
     return {FOLDS: merged} if merged else {}
 
 
+def _stored_put(op, body):
+    """The message of a Put as a MessageIndex stores it (segments._stored: no trailing
+    None fields), with body as the record keeps it (None when it has a Body of its own)."""
+    if op.attributes is not None:
+        return (body, op.priority, op.sent_at, 0, None, None, None, op.expires_at,
+                op.attributes)
+    if op.expires_at is not None:
+        return (body, op.priority, op.sent_at, 0, None, None, None, op.expires_at)
+    return (body, op.priority, op.sent_at, 0, None, None, None)
+
+
 def _counter_values(state):
     """A Counters state (bytes, or a dict from an earlier version) as a fresh dict."""
     return pickle.loads(state) if isinstance(state, bytes) else dict(state)
@@ -493,39 +504,17 @@ class QueueRecord(Persistent):
     def add_put(self, op):
         """Store the message of one Put operation (add_message, without its keywords: the
         one-message put of every single put)."""
-        seq, body, expires_at = op.seq, op.body, op.expires_at
-        if len(body) > LARGE_BODY:
-            body = self._inline(seq, body)
-        # As stored (segments._stored: no trailing None fields), as add_puts makes it.
-        if op.attributes is not None:
-            msg = (body, op.priority, op.sent_at, 0, None, None, None, expires_at,
-                   op.attributes)
-        elif expires_at is not None:
-            msg = (body, op.priority, op.sent_at, 0, None, None, None, expires_at)
-        else:
-            msg = (body, op.priority, op.sent_at, 0, None, None, None)
-        self.messages.set_stored_one(seq, msg)
-        if self.expiry is not None and expires_at is not None:
-            counts = self.counts
-            last_at, last_seq = counts.order()
-            if expires_at >= last_at and seq > last_seq:
-                counts.set_order((expires_at, seq))     # ordered: no index entry
-            else:
-                self._index_expiry(((seq, expires_at),))
+        body = op.body if len(op.body) <= LARGE_BODY else self._inline(op.seq, op.body)
+        self.messages.set_stored_one(op.seq, _stored_put(op, body))
+        if self.expiry is not None and op.expires_at is not None:
+            self._index_expiry(((op.seq, op.expires_at),))
 
     def add_puts(self, puts):
         """Store the messages of Put operations (add_message for each, in one pass)."""
         stored = []
         for op in puts:
             body = op.body if len(op.body) <= LARGE_BODY else self._inline(op.seq, op.body)
-            if op.attributes is not None:
-                msg = (body, op.priority, op.sent_at, 0, None, None, None, op.expires_at,
-                       op.attributes)
-            elif op.expires_at is not None:
-                msg = (body, op.priority, op.sent_at, 0, None, None, None, op.expires_at)
-            else:
-                msg = (body, op.priority, op.sent_at, 0, None, None, None)
-            stored.append((op.seq, msg))
+            stored.append((op.seq, _stored_put(op, body)))
         self.messages.set_stored(stored)
         if self.expiry is not None:
             self._index_expiry([(op.seq, op.expires_at) for op in puts])
@@ -1596,47 +1585,39 @@ def dedup_value(value):
 
 
 class PruneDedup(_Op):
-    """Forget the dedup ids and put tokens whose window has passed by clock time at.
-
-    With limit None, every one (a scan of both whole tables in one commit).  With a limit,
-    one step of a walk through them: at most limit entries after the key ``after`` (None:
-    from the start) of the table named by ``table`` ("dedup" or "tokens"), so that no one
-    commit scans a whole table; apply() leaves in ``next_after`` where the next step
-    starts (None once the table's end was reached).  QueueState.sweep chains the steps."""
+    """Forget the entries of one table ("dedup": dedup ids, "tokens": put tokens) whose
+    window has passed by clock time at: one step of a walk through it, at most limit
+    entries after the key ``after`` (None: from the start; limit None: to the end), so that
+    no one commit scans a whole table.  apply() leaves in ``next_after`` where the next
+    step starts (None once the table's end was reached).  QueueState.sweep chains the
+    steps."""
 
     __slots__ = ("name", "at", "table", "after", "limit", "next_after")
 
-    def __init__(self, name, at, table=None, after=None, limit=None):
+    def __init__(self, name, at, table, after=None, limit=None):
         self.name, self.at = name, at
         self.table, self.after, self.limit = table, after, limit
         self.next_after = None
 
     def apply(self, root):
         rec = _queue(root, self.name)
-        if self.limit is None:
-            for table in ("tokens", "dedup"):
-                self._prune(rec, table, None, None)
-        else:
-            self.next_after = self._prune(rec, self.table, self.after, self.limit)
-
-    def _prune(self, rec, table, after, limit):
-        """Delete the due entries of one table among at most limit after after; return the
-        last key looked at when more may follow, else None."""
-        entries = rec.put_tokens if table == "tokens" else rec.dedup
+        tokens = self.table == "tokens"
+        entries = rec.put_tokens if tokens else rec.dedup
+        self.next_after = None
         if entries is None:
-            return None
-        until_of = _token_until if table == "tokens" else _dedup_until
+            return
+        until_of = _token_until if tokens else _dedup_until
+        after = self.after
         items = entries.items() if after is None else entries.items(after, excludemin=True)
-        due, last = [], None
+        due = []
         for count, (key, value) in enumerate(items, 1):
             if until_of(value) <= self.at:
                 due.append(key)
-            if count == limit:
-                last = key
+            if count == self.limit:
+                self.next_after = key         # more may follow
                 break
         for key in due:
             del entries[key]
-        return last
 
 
 def _dedup_until(value):

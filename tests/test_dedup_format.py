@@ -76,7 +76,7 @@ def test_expired_dedup_entries_are_pruned(tmp_path):
         with db.transaction() as conn:
             rec = conn.root()[store.ROOT_KEY].queues["default"]
             until = rec.dedup["short"][0]
-            apply_unit(conn.root(), [PruneDedup("default", until + 1)])
+            apply_unit(conn.root(), [PruneDedup("default", until + 1, "dedup")])
         with db.transaction() as conn:
             assert list(conn.root()[store.ROOT_KEY].queues["default"].dedup) == ["long"]
     finally:
