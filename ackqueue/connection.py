@@ -2,9 +2,10 @@
 
 A QueueConnection is what q.connect() returns and what the queue object uses behind the
 scenes for the calling thread.  It belongs to the thread that made it: when that thread
-ends, everything it still holds is given back (ackqueue.state's reaper notices).  It has its
-own ZODB connection and transaction manager, used to read message bodies that are not in
-memory (a backlog from an earlier run) without touching any other thread's connection.
+ends, everything it still holds is given back (the thread tells the queue's state as it
+ends; the state's reaper looks too).  It has its own ZODB connection and transaction
+manager, used to read message bodies that are not in memory (a backlog from an earlier run)
+without touching any other thread's connection.
 
 Transactions.  ``with conn.transaction():`` gathers every get, put and ack made inside into
 one unit that the committer writes as one commit: leaving normally makes it durable; leaving
@@ -64,6 +65,40 @@ def watch_thread_failure(thread):
 
     thread._invoke_excepthook = invoke_and_record
     _watched_threads.add(thread)
+
+
+class _ThreadEndWatch:
+    """Kept in one thread's locals (_end_watches): CPython drops a thread's locals as the
+    thread ends, a moment before its is_alive() turns False, and this tells every queue
+    state the thread used (state.thread_ended), so that a get or an ack looks for ended
+    threads' holdings only when a thread has ended, not at every call.  The states' reapers
+    still look every REAP_INTERVAL, for a Python that drops locals later or never."""
+
+    def __init__(self, thread):
+        self.thread = weakref.ref(thread)
+        self.states = weakref.WeakSet()
+
+    def __del__(self):
+        try:
+            for state in list(self.states):
+                state.thread_ended(self.thread)
+        except Exception:   # noqa: BLE001 - at interpreter exit, or a state half gone
+            pass
+
+
+_end_watches = threading.local()
+
+
+def watch_thread_end(state):
+    """Have state told when the calling thread ends (called in that thread).  Foreign
+    threads (threading's dummy threads) always count as alive, so they are not watched."""
+    watch = getattr(_end_watches, "watch", None)
+    if watch is None:
+        thread = threading.current_thread()
+        if isinstance(thread, threading._DummyThread):
+            return
+        watch = _end_watches.watch = _ThreadEndWatch(thread)
+    watch.states.add(state)
 
 
 def _install_global_hook():
@@ -380,6 +415,7 @@ class QueueConnection(ThreadBound):
         if thread_bound:
             self._thread = weakref.ref(threading.current_thread())
             watch_thread_failure(threading.current_thread())
+            watch_thread_end(state)
         else:
             self.thread_bound = False     # never given back for a thread's end
             self._thread = None

@@ -18,7 +18,9 @@ behind one seam, the arbiter (ackqueue.local.LocalArbiter, ackqueue.shared.Share
 
 Deadlines use the injectable clock (wall-clock seconds, time.time by default); a reaper
 thread gives back expired holdings and holdings of threads that ended, and every get/qsize
-checks too, so tests with a fake clock need no sleeping.
+checks too, so tests with a fake clock need no sleeping.  A thread that ends tells the
+states it used (connection.watch_thread_end), so a get or qsize looks at threads only after
+one has ended; the reaper looks at all of them every REAP_INTERVAL.
 """
 import heapq
 import itertools
@@ -243,6 +245,9 @@ class QueueState:
         self.reaper_wake = threading.Condition(self.mutex)
         self.inflight = {}           # seq -> Holding
         self.holders = {}            # holder -> {seq: Holding}, in delivery order
+        # Weak references to threads that told they ended (connection.watch_thread_end;
+        # appended by the ending thread without the mutex: list.append is atomic).
+        self.ended = []
         self.deadlines = []          # heap of (deadline, token, seq)
         self.pending_puts = 0        # reserved by put() but not yet durable
         self.tokens = itertools.count(1)
@@ -844,8 +849,25 @@ class QueueState:
                     break
                 self._give_back(h, "its visibility deadline passed")
         self.arbiter.expire_due(now)
+        if self.ended:
+            self._reap_told()
+
+    def thread_ended(self, thread_ref):
+        """A thread that used this queue is ending (called by that thread, without the
+        mutex): the next pass gives back what it held."""
+        self.ended.append(thread_ref)
+
+    def _reap_told(self):
+        """Give back what threads that told they ended held (mutex held).  A thread tells a
+        moment before it counts as ended: one that does not count yet is looked at again by
+        the next pass."""
+        told, self.ended = self.ended, []
         if self.holders:
             self._reap_ended_threads()
+        for ref in told:
+            thread = ref()
+            if thread is not None and thread.is_alive():
+                self.ended.append(ref)
 
     def _reap_ended_threads(self):
         """Give back what threads that ended held (mutex held; see expire_due).  The
@@ -893,6 +915,8 @@ class QueueState:
             while not self.stopped:
                 try:
                     self.expire_due()
+                    if self.holders:          # threads that ended without telling
+                        self._reap_ended_threads()
                     self.arbiter.reap()
                     if self._sweep_due():
                         self.mutex.release()      # a sweep reads the store: not under the mutex

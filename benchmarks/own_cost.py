@@ -19,6 +19,11 @@ Unlike CPU time it does not depend on the machine's load: on this 2-core shared 
 two counts of one tree differ by about 0.5%, where CPU times of one tree differ by 10-30%.
 That makes it the tool to tell whether a change of a few microseconds per operation took
 work out of the hot path; it says nothing about waiting (fsync, locks, thread switches).
+It also counts scenario (c), 4 producer and 4 consumer threads (the difference of two runs
+of two sizes, valgrind handing the CPU round as a scheduler would), with the commits per
+item it made: there several threads' operations share each commit, so what an operation
+costs outside the commit weighs more than in one thread, and costs that grow with the
+number of threads show.
 
 With --cpu it measures instead the CPU time (user + system, of the whole process) per item
 of the same phases without fsync (ackqueue with durability="os", the lean queue and the
@@ -36,6 +41,7 @@ import collections
 import cProfile
 import os
 import pstats
+import queue
 import re
 import shutil
 import statistics
@@ -85,6 +91,18 @@ class _Ack:
     def get_ack(self):
         self.q.ack(self.q.get(timeout=30))
 
+    def get(self, timeout):                 # get and ack: scenario (c)'s adapter calls
+        try:
+            return self.q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def ack(self, handle):
+        self.q.ack(handle)
+
+    def commits(self):
+        return self.q._database.committer.commits     # private: a diagnostic only
+
     def put_batch(self, items):
         self.q.put_many(items)
 
@@ -127,6 +145,15 @@ class _Lean:
 
     def get_ack(self):
         self.q.ack(self.q.get(30))
+
+    def get(self, timeout):
+        return self.q.get(timeout)
+
+    def ack(self, handle):
+        self.q.ack(handle)
+
+    def commits(self):
+        return self.q.commits
 
     def put_batch(self, items):
         self.q.put_many(items)
@@ -281,13 +308,26 @@ _PAIRS = (("put", "get+ack"), ("put_many(100)", "get_many+ack_many(100)"))
 _INSTRUCTION_KINDS = {"ackqueue": _AckOS, "lean": _LeanOS, "lean-counted": _LeanCountedOS}
 
 
+THREADS = "(c) 4+4 threads"     # the phase of --instructions that runs scenario (c)
+THREADS_WARM_UP = 50            # put+get+acks before it, in one thread
+
+
 def _child(kind_name, phases, n):
     """Run the given phases of one contender on a fresh file (a child process of
-    --instructions, counted by cachegrind from start to end)."""
+    --instructions, counted by cachegrind from start to end).  The phase THREADS runs
+    scenario (c) over n items and prints the commits it made."""
     kind = _INSTRUCTION_KINDS[kind_name]
     with tempfile.TemporaryDirectory(dir=os.environ.get("OWN_COST_TMP")) as d:
         q = kind(os.path.join(d, getattr(kind, "file_name", "q.fs")))
         try:
+            if THREADS in phases:
+                from benchmarks.scenarios import c_threads
+                for i in range(THREADS_WARM_UP):
+                    q.put(make_item(i))
+                    q.get_ack()
+                before = q.commits()
+                c_threads.run(q, n)
+                print(f"commits {q.commits() - before}")
             for phase, _, run in _phases(q, n):
                 if phase in phases:
                     run()
@@ -296,8 +336,11 @@ def _child(kind_name, phases, n):
 
 
 def _count(kind_name, phases, n):
-    """Instructions that one child run executes (valgrind's cachegrind, I refs)."""
-    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no",
+    """(instructions that one child run executes (valgrind's cachegrind, I refs), the
+    commits it printed or None).  Valgrind runs one thread at a time; for THREADS it hands
+    the CPU round (--fair-sched) as a real scheduler would, not in long slices to one."""
+    fair = ["--fair-sched=yes"] if THREADS in phases else []
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", *fair,
            "--cachegrind-out-file=/dev/null", sys.executable, "-m", "benchmarks.own_cost",
            "--child", kind_name, ",".join(phases), str(n)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
@@ -305,24 +348,31 @@ def _count(kind_name, phases, n):
     found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
     if found is None:
         raise RuntimeError(f"no instruction count in valgrind's output:\n{out.stderr[-2000:]}")
-    return int(found.group(1).replace(",", ""))
+    commits = re.search(r"^commits (\d+)$", out.stdout, re.M)
+    return (int(found.group(1).replace(",", "")),
+            None if commits is None else int(commits.group(1)))
 
 
 def instructions(n, names=tuple(_INSTRUCTION_KINDS)):
-    """{contender: {phase: instructions per item}} (see the module docstring)."""
+    """({contender: {phase: instructions per item}}, {contender: commits per item in
+    THREADS}) (see the module docstring)."""
     if shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (e.g. apt-get install valgrind)")
     small = max(n // 3, 100)
-    out = {}
+    out, grouping = {}, {}
     for name in names:
         res = out[name] = {}
         for first, second in _PAIRS:
-            alone_small = _count(name, (first,), small)
-            alone = _count(name, (first,), n)
-            both = _count(name, (first, second), n)
+            alone_small, _ = _count(name, (first,), small)
+            alone, _ = _count(name, (first,), n)
+            both, _ = _count(name, (first, second), n)
             res[first] = (alone - alone_small) / (n - small)
             res[second] = (both - alone) / n
-    return out
+        few, few_commits = _count(name, (THREADS,), small)
+        many, many_commits = _count(name, (THREADS,), n)
+        res[THREADS] = (many - few) / (n - small)
+        grouping[name] = (many_commits - few_commits) / (n - small)
+    return out, grouping
 
 
 def main(argv=None):
@@ -344,14 +394,16 @@ def main(argv=None):
         _child(kind_name, phases.split(","), int(n))
         return
     if args.instructions:
-        res = instructions(args.n, args.contenders.split(","))
+        res, grouping = instructions(args.n, args.contenders.split(","))
         lean = res.get("lean")
         print("== instructions per item (cachegrind, no fsync)"
               + ("; the lean queue's over each" if lean else ""))
         for name, phases in res.items():
             for phase, count in phases.items():
                 ratio = f"   {lean[phase] / count:5.2f}x" if lean else ""
-                print(f"  {name:14s} {phase:28s} {count:12,.0f}{ratio}")
+                extra = (f"   commits/item {grouping[name]:.2f}" if phase == THREADS
+                         else "")
+                print(f"  {name:14s} {phase:28s} {count:12,.0f}{ratio}{extra}")
         return
     if args.cpu:
         kinds = (_AckOS, _LeanOS, _LeanCountedOS, _FloorOS)

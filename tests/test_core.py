@@ -1,7 +1,8 @@
 """Core semantics of AckQueue, AckLifoQueue and AckPriorityQueue, in memory and on a file.
 
-Deterministic: deadlines use an injected fake clock (every get/qsize checks them), thread
-ends are checked on every get/qsize, and timeouts are only failure bounds."""
+Deterministic: deadlines use an injected fake clock (every get/qsize checks them), a thread
+tells the queue as it ends and the next get/qsize looks, and timeouts are only failure
+bounds."""
 import pickle
 import threading
 
@@ -144,6 +145,30 @@ def test_thread_returning_normally_gives_back_once_acknowledging(make):
     assert run_thread(q.get) == "job"       # the thread ends without acking
     m = q.get_message(block=False)
     assert m.body == "job" and m.receive_count == 2
+
+
+def test_an_ending_thread_tells_the_queue_and_the_reaper_finds_one_that_did_not(make):
+    """A get looks for ended threads' holdings only when a thread has told that it ended
+    (as its locals are dropped); the reaper still finds, every REAP_INTERVAL, the holdings
+    of a thread that never told."""
+    from ackqueue import connection
+    q = make()
+    q.ack((q.put("x"), q.get())[1])
+    for item in ("told", "untold", "last"):
+        q.put(item)
+    assert run_thread(q.get) == "told"
+    assert q.get_nowait() == "told"         # told as it ended: the next get gives it back
+
+    def silent_get():
+        item = q.get()
+        connection._end_watches.watch.states.clear()    # this thread will not tell
+        return item
+
+    assert run_thread(silent_get) == "untold"
+    got = [q.get(timeout=BOUND) for _ in range(2)]      # "last", and "untold" once reaped
+    assert sorted(got) == ["last", "untold"]
+    with pytest.raises(Empty):
+        q.get_nowait()
 
 
 # -- visibility timeouts ------------------------------------------------------------------
