@@ -882,6 +882,11 @@ def apply_unit(root, ops):
     A run of neighbouring operations of one class on one queue is applied by the class's
     apply_run when it has one (a batch of puts or acks: the queue, its counters and each
     index segment are looked up once per run instead of once per message)."""
+    if len(ops) == 1:                 # a put or an ack of one message: no runs to find
+        op = ops[0]
+        op.check(root)
+        op.apply(root)
+        return
     runs = _runs(ops)
     for cls, start, stop in runs:
         if stop - start > 1 and cls.check_run is not None:
