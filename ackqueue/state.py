@@ -859,15 +859,16 @@ class QueueState:
 
     def _reap_told(self):
         """Give back what threads that told they ended held (mutex held).  A thread tells a
-        moment before it counts as ended: one that does not count yet is looked at again by
-        the next pass."""
+        moment before it counts as ended: one that does not count yet (asked before the
+        look, so that one ending during it is not missed) is looked at again by the next
+        pass."""
         told, self.ended = self.ended, []
-        if self.holders:
-            self._reap_ended_threads()
         for ref in told:
             thread = ref()
             if thread is not None and thread.is_alive():
                 self.ended.append(ref)
+        if self.holders:
+            self._reap_ended_threads()
 
     def _reap_ended_threads(self):
         """Give back what threads that ended held (mutex held; see expire_due).  The
