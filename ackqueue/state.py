@@ -215,11 +215,10 @@ def sweep_due(rec, now):
                if msg.expires_at is not None and msg.expires_at <= now and msg.holder is None]
         keys = None
     tables = []
-    if rec.dedup is not None and any(store.dedup_value(v)[0] <= now
-                                     for v in rec.dedup.values()):
-        tables.append("dedup")
-    if rec.put_tokens is not None and any(until <= now for _, until in rec.put_tokens.values()):
-        tables.append("tokens")
+    for table in store.PRUNE_TABLES:
+        entries, until_of = store.prune_table(rec, table)
+        if entries is not None and any(until_of(v) <= now for v in entries.values()):
+            tables.append(table)
     return due, keys, tables
 
 

@@ -1605,13 +1605,10 @@ class PruneDedup(_Op):
         self.next_after = None
 
     def apply(self, root):
-        rec = _queue(root, self.name)
-        tokens = self.table == "tokens"
-        entries = rec.put_tokens if tokens else rec.dedup
+        entries, until_of = prune_table(_queue(root, self.name), self.table)
         self.next_after = None
         if entries is None:
             return
-        until_of = _token_until if tokens else _dedup_until
         after = self.after
         items = entries.items() if after is None else entries.items(after, excludemin=True)
         due = []
@@ -1623,6 +1620,18 @@ class PruneDedup(_Op):
                 break
         for key in due:
             del entries[key]
+
+
+PRUNE_TABLES = ("dedup", "tokens")
+
+
+def prune_table(rec, table):
+    """(entries or None, until_of) of a table of a queue record that PruneDedup walks:
+    "dedup" (dedup id -> its value) or "tokens" (put token -> (seq, until)); until_of(value)
+    is when an entry's window ends."""
+    if table == "tokens":
+        return rec.put_tokens, _token_until
+    return rec.dedup, _dedup_until
 
 
 def _dedup_until(value):
