@@ -89,12 +89,12 @@ class _ThreadEndWatch:
 _end_watches = threading.local()
 
 
-def watch_thread_end(state):
-    """Have state told when the calling thread ends (called in that thread).  Foreign
-    threads (threading's dummy threads) always count as alive, so they are not watched."""
+def watch_thread_end(thread, state):
+    """Have state told when thread, the calling thread, ends (called in that thread).
+    Foreign threads (threading's dummy threads) always count as alive, so they are not
+    watched."""
     watch = getattr(_end_watches, "watch", None)
     if watch is None:
-        thread = threading.current_thread()
         if isinstance(thread, threading._DummyThread):
             return
         watch = _end_watches.watch = _ThreadEndWatch(thread)
@@ -413,9 +413,10 @@ class QueueConnection(ThreadBound):
         self._front = front
         self._state = state
         if thread_bound:
-            self._thread = weakref.ref(threading.current_thread())
-            watch_thread_failure(threading.current_thread())
-            watch_thread_end(state)
+            thread = threading.current_thread()
+            self._thread = weakref.ref(thread)
+            watch_thread_failure(thread)
+            watch_thread_end(thread, state)
         else:
             self.thread_bound = False     # never given back for a thread's end
             self._thread = None
