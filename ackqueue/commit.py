@@ -213,7 +213,9 @@ class Committer:
                 lead = self._durable_on_way == 1 and now >= self._others_until
             if lead:
                 ticket._leader = self
-            else:
+            elif self._cond._waiters:
+                # Wake the thread only when it waits (Condition._waiters, read under its
+                # lock): a busy one looks at _pending again before it waits.
                 self._cond.notify()
         return ticket
 
@@ -312,8 +314,8 @@ class Committer:
     def _release_baton(self):
         self._baton.release()
         with self._lock:
-            if self._pending:       # units that arrived meanwhile: the thread takes them
-                self._cond.notify()
+            if self._pending and self._cond._waiters:
+                self._cond.notify()     # units arrived meanwhile: the idle thread takes them
 
     def close(self):
         """Commit what is pending, then stop the thread and close the connection."""
