@@ -11,8 +11,8 @@ To add a contender (a queue service over HTTP, a remote drop-in, ...):
 
 Everything else (the command line's --contender ids, the tables, the chart) follows.
 """
-from benchmarks.contenders import (ackqueue, lean, litequeue, persist_queue, service,
-                                   stdlib, zeo)
+from benchmarks.contenders import (ackqueue, lean, lean_shared, litequeue, persist_queue,
+                                   service, stdlib, zeo)
 from benchmarks.contenders import ackqueue_floor, ackqueue_noexpiry, ackqueue_remote, wake_floor
 from benchmarks.contenders.base import Adapter, Contender, SharedContender  # noqa: F401
 
@@ -47,6 +47,8 @@ def _shared():
         zeo.SHARED,
         zeo.SHARED_PREFETCH,      # issue 28 point 4: fewer round trips per item, (g) only
         zeo.SHARED_FAST,
+        lean_shared.SHARED,       # issue 28 point 4: the floor under it, (g) only
+        lean_shared.SHARED_FAST,
         *persist_queue.shared_contenders(),
         *litequeue.shared_contenders(),
         service.SHARED,           # the queue service: its own scenario only
@@ -56,9 +58,11 @@ def _shared():
 
 
 # Diagnostic contenders, run only when named with --contender: each measures the cost of
-# one part of ackqueue beside it (the ready/counter writes, the expiry index), not a
-# library a user would pick, and together they made a full run twice as long.
-OPT_IN = ("ackqueue-floor", "lean-counted", "ackqueue-noexpiry", "ackqueue-os-noexpiry")
+# one part of ackqueue beside it (the ready/counter writes, the expiry index) or the floor
+# under a target (the lean queue shared through ZEO, issue 28 point 4), not a library a
+# user would pick, and together they made a full run twice as long.
+OPT_IN = ("ackqueue-floor", "lean-counted", "ackqueue-noexpiry", "ackqueue-os-noexpiry",
+          "lean-zeo", "lean-zeo-fast")
 
 
 def all_ids():
@@ -83,7 +87,8 @@ def select(names=None):
     contenders = [c for c in _contenders() if c.available is None or c.available()]
     shared = _shared()
     if not names:
-        return [c for c in contenders if c.id not in OPT_IN], shared
+        return ([c for c in contenders if c.id not in OPT_IN],
+                [c for c in shared if c.id not in OPT_IN])
     keep = {ALIASES.get(n, n) for n in names}
     known = set(all_ids()) | {c.label for c in _contenders() + shared}
     unknown = sorted(n for n in keep if n not in known)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+from ZODB.utils import get_pickle_metadata
+
 from benchmarks.common import REPO, SHARED_QUEUE_NAME
 from benchmarks.contenders.ackqueue import AckQueueAdapter
 from benchmarks.contenders.base import Contender, SharedContender
@@ -124,10 +126,27 @@ class RoundTrips:
 
     def __init__(self, storage):
         self.counts = {}
+        self.loads_by_class = {}      # the class of each object loaded (load_before)
         storage._call = self._counted(storage._call, None)
         server = storage._server
         for name in ("load_before", "tpc_finish", "prefetch"):
             setattr(server, name, self._counted(getattr(server, name), name))
+        server.load_before = self._classed(server.load_before)
+
+    def _classed(self, load_before):
+        by_class = self.loads_by_class
+
+        def classed(*args, **kwargs):
+            found = load_before(*args, **kwargs)
+            if found is not None:
+                try:
+                    module, name = get_pickle_metadata(found[0])
+                    name = f"{module}.{name}"
+                except Exception:  # noqa: BLE001 - a diagnostic: never fail the load
+                    name = "?"
+                by_class[name] = by_class.get(name, 0) + 1
+            return found
+        return classed
 
     def _counted(self, call, name):
         counts = self.counts
@@ -143,6 +162,7 @@ class RoundTrips:
         answered together, counted as one round trip)."""
         out = dict(self.counts)
         out["total"] = sum(self.counts.values())
+        out["loads_by_class"] = dict(self.loads_by_class)
         return out
 
 

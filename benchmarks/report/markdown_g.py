@@ -240,11 +240,38 @@ def _round_trip_rows(var):
     return rows
 
 
+def _load_rows(var):
+    """Per contender that counted its round trips: the classes of the objects its
+    processes loaded from the server, per item (median over the runs), most first."""
+    rows = []
+    for label, entry in var["results"].items():
+        runs = [r for r in _clean(entry) if "loads_by_class" in r.get("round_trips", {})]
+        if not runs:
+            continue
+        count = entry["count"]
+        for side in ("producers", "consumers"):
+            names = {name for r in runs for name in r["round_trips"]["loads_by_class"][side]}
+            per = {name: statistics.median(r["round_trips"]["loads_by_class"][side]
+                                           .get(name, 0) for r in runs) / count
+                   for name in names}
+            shown = [f"{name.rsplit('.', 1)[-1]} {n:.2f}"
+                     for name, n in sorted(per.items(), key=lambda kv: -kv[1]) if n >= 0.01]
+            rows.append(f"| {var['title']} | {label} | {side} | "
+                        f"{', '.join(shown[:5]) or '—'} |")
+    return rows
+
+
 def _round_trips(sc):
     """Issue 28 point 4: round trips per item through ZEO, beside the service path."""
     rows = [row for var in sc["variants"].values() for row in _round_trip_rows(var)]
     if not rows:
         return []
+    loads = [row for var in sc["variants"].values() for row in _load_rows(var)]
+    if loads:
+        loads = ["", "Objects loaded from the server per item, by class (the loads above: "
+                 "an object another process changed is read again, one round trip):", "",
+                 "| variant | contender | processes | loads per item |",
+                 "|---|---|---|---|"] + loads
     lines = ["### Issue 28 point 4: round trips to the ZEO server per item", "",
              "Counted in each process (calls that wait for the server's answer: a "
              "commit's vote and tpc_finish, loads the cache lacks, prefetches), summed "
@@ -253,7 +280,7 @@ def _round_trips(sc):
              "path's items/s are in the table above.", "",
              "| variant | contender | items/s | round trips per item | of which "
              "consumers | of which producers |", "|---|---|---:|---:|---:|---:|"]
-    return lines + rows + [""]
+    return lines + rows + loads + [""]
 
 
 def markdown_g(sc, report=None):

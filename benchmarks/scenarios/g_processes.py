@@ -149,14 +149,18 @@ def _counters(out, cons_reps, prod_reps, consumers):
             "claims_lost": sum(d.get("claims_lost", 0) for d in diags),
             "conflicts_by_class": by_class, "per_process": diags}
     pdiags = [r.get("diag") for r in prod_reps]
-    trips = {}
+    trips, loaded = {}, {}
     for side, ds in (("consumers", diags), ("producers", pdiags)):
         if ds and all(d and "round_trips" in d for d in ds):
             trips[side] = sum(d["round_trips"]["total"] for d in ds)
+            by_class = loaded[side] = {}
+            for d in ds:
+                for k, v in d["round_trips"].get("loads_by_class", {}).items():
+                    by_class[k] = by_class.get(k, 0) + v
     if len(trips) == 2 and out.get("count"):
         out["round_trips"] = dict(trips, total=trips["consumers"] + trips["producers"],
                                   per_item=(trips["consumers"] + trips["producers"])
-                                  / out["count"])
+                                  / out["count"], loads_by_class=loaded)
     if all(d and "commits" in d for d in pdiags):
         out["producers"] = {"commits": sum(d["commits"] for d in pdiags),
                             "conflicts": sum(d["conflicts"] for d in pdiags),
