@@ -75,6 +75,16 @@ def settling():
     return getattr(_settling, "on", False)
 
 
+def notify_waiting(condition, count=1):
+    """condition.notify(count) (its lock held), skipped when nobody waits on it: a put, a
+    get, an ack and a unit submitted to the committer each notify, and
+    threading.Condition.notify is Python code even when there is nobody to wake.
+    (Condition._waiters is the deque of its waiters, changed only under its lock; a
+    thread not waiting yet looks at what it waits for, under that lock, before it does.)"""
+    if condition._waiters:
+        condition.notify(count)
+
+
 class CommitterClosed(RuntimeError):
     """The queue's storage was closed before the operation could be committed."""
 
@@ -213,10 +223,8 @@ class Committer:
                 lead = self._durable_on_way == 1 and now >= self._others_until
             if lead:
                 ticket._leader = self
-            elif self._cond._waiters:
-                # Wake the thread only when it waits (Condition._waiters, read under its
-                # lock): a busy one looks at _pending again before it waits.
-                self._cond.notify()
+            else:
+                notify_waiting(self._cond)    # a busy thread finds it when it looks again
         return ticket
 
     def defer(self, ops, on_commit=None, on_fail=None):
@@ -314,8 +322,8 @@ class Committer:
     def _release_baton(self):
         self._baton.release()
         with self._lock:
-            if self._pending and self._cond._waiters:
-                self._cond.notify()     # units arrived meanwhile: the idle thread takes them
+            if self._pending:       # units that arrived meanwhile: the thread takes them
+                notify_waiting(self._cond)
 
     def close(self):
         """Commit what is pending, then stop the thread and close the connection."""

@@ -35,7 +35,7 @@ import transaction
 from zope.interface import implementer
 
 from . import codec, expiry, store
-from .commit import CommitterClosed
+from .commit import CommitterClosed, notify_waiting
 from .errors import CodecMismatch, QueueKindMismatch, ShutDown, StaleAck
 from .fresh import read_fresh
 from .interfaces import IQueueState
@@ -180,14 +180,6 @@ class Holding:
         self.released = None      # why it was given back, once it was
         self.claim_ticket = None  # a Claim the receiver waits for (dead-letter policies)
         self.claimed = False      # a Claim was sent to the store for this delivery
-
-
-def _notify(condition, count=1):
-    """condition.notify(count) (its lock held), skipped when nobody waits on it: a put, a
-    get and an ack each notify, and threading.Condition.notify is Python code even when
-    there is nobody to wake.  (Condition._waiters is the deque of its waiters.)"""
-    if condition._waiters:
-        condition.notify(count)
 
 
 def check_timeout(timeout, what="timeout"):
@@ -362,7 +354,7 @@ class QueueState:
 
     def _unreserve(self, count):
         self.pending_puts -= count
-        _notify(self.not_full, count)
+        notify_waiting(self.not_full, count)
 
     def puts_committed(self, entries):
         """Durable puts become visible: entries are what new_message returned."""
@@ -385,7 +377,7 @@ class QueueState:
 
     def signal_ready(self, count=1):
         """A message may have become ready (mutex held): wake getters and listeners."""
-        _notify(self.not_empty, count)
+        notify_waiting(self.not_empty, count)
         for callback in self._listeners:
             try:
                 callback(self.name)
@@ -470,7 +462,7 @@ class QueueState:
             heapq.heappush(self.deadlines, (deadline, holding.token, seq))
             if self.deadlines[0][1] == holding.token:
                 self.reaper_wake.notify()     # the earliest deadline: the reaper's next wake
-        _notify(self.not_full)
+        notify_waiting(self.not_full)
         return holding
 
     def _held_by(self, holder):
@@ -497,13 +489,13 @@ class QueueState:
                 heapq.heappush(self.deadlines, (deadline, holding.token, holding.seq))
             if self.deadlines[0][1] != first:
                 self.reaper_wake.notify()     # the earliest deadline: the reaper's next wake
-        _notify(self.not_full, len(out))
+        notify_waiting(self.not_full, len(out))
         return out
 
     def left(self, count=1):
         """Messages left the queue without an ack (expired, dead-lettered, purged)."""
         self.arbiter.removed(count)
-        _notify(self.not_full, count)
+        notify_waiting(self.not_full, count)
         if self.all_tasks_done._waiters and not self.unfinished():
             self.all_tasks_done.notify_all()
 
