@@ -5,15 +5,10 @@ from benchmarks.common import LEAN, Timeout
 from benchmarks.contenders.base import Adapter, Contender
 
 
-class LeanZodbAdapter(Adapter):
-    """benchmarks/lean.py's LeanZodbQueue on a FileStorage (every commit fsync'd): the
-    least a durable ack queue on ZODB does, as a reference for ackqueue."""
-
-    batch_method = "put_many(items) (one commit), get_many(100), ack_many(items) (one commit)"
-
-    def __init__(self, directory):
-        from benchmarks import lean
-        self.q = lean.LeanZodbQueue(os.path.join(directory, "lean.fs"))
+class LeanDelegate(Adapter):
+    """put, get and ack handed to self.q, a lean queue whose get(timeout) returns a handle
+    (key, item) or None: the one-at-a-time calls of both lean queues (benchmarks/lean.py
+    and benchmarks/lean_shared.py)."""
 
     def put(self, item):
         self.q.put(item)
@@ -26,6 +21,17 @@ class LeanZodbAdapter(Adapter):
 
     def ack(self, handle):
         self.q.ack(handle)
+
+
+class LeanZodbAdapter(LeanDelegate):
+    """benchmarks/lean.py's LeanZodbQueue on a FileStorage (every commit fsync'd): the
+    least a durable ack queue on ZODB does, as a reference for ackqueue."""
+
+    batch_method = "put_many(items) (one commit), get_many(100), ack_many(items) (one commit)"
+
+    def __init__(self, directory):
+        from benchmarks import lean
+        self.q = lean.LeanZodbQueue(os.path.join(directory, "lean.fs"))
 
     def put_batch(self, items):
         self.q.put_many(items)

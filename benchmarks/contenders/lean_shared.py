@@ -1,10 +1,11 @@
 """The lean shared ZODB queue (benchmarks/lean_shared.py) through a ZEO server: the floor
 under issue 28 point 4 in (g), a reference, not a product."""
-from benchmarks.contenders.base import Adapter, SharedContender
+from benchmarks.contenders.base import SharedContender
+from benchmarks.contenders.lean import LeanDelegate
 from benchmarks.contenders.zeo import RoundTrips, start_server
 
 
-class LeanSharedAdapter(Adapter):
+class LeanSharedAdapter(LeanDelegate):
     """benchmarks/lean_shared.py's LeanSharedQueue on a ZEO ClientStorage connected to the
     run's `ackqueue server` (its own root entries beside ackqueue's), its round trips
     counted as ackqueue's are (RoundTrips)."""
@@ -17,18 +18,6 @@ class LeanSharedAdapter(Adapter):
         storage = ClientStorage(addr, wait_timeout=30)
         self.round_trips = RoundTrips(storage)
         self.q = lean_shared.LeanSharedQueue(storage, fast=fast)
-
-    def put(self, item):
-        self.q.put(item)
-
-    def get(self, timeout):
-        return self.q.get(timeout)
-
-    def item(self, handle):
-        return handle[1]
-
-    def ack(self, handle):
-        self.q.ack(handle)
 
     def qsize(self):
         return self.q.qsize()

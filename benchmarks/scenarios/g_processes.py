@@ -132,16 +132,22 @@ def _delivery(out, logs, t0, expected, cons_reps):
     out["not_delivered_ids"] = sorted(expected - unique)[:20]
 
 
+def _summed(counts):
+    """{key: the sum of its values} over several {key: count} of the processes of a run."""
+    total = {}
+    for one in counts:
+        for key, n in one.items():
+            total[key] = total.get(key, 0) + n
+    return total
+
+
 def _counters(out, cons_reps, prod_reps, consumers):
     """ackqueue's commit and conflict counters, summed over the processes of the run."""
     diags = [r.get("diag") for r in cons_reps]
     if diags and all(d and "commits" in d for d in diags):
         commits = sum(d["commits"] for d in diags)
         conflicts = sum(d["conflicts"] for d in diags)
-        by_class = {}
-        for d in diags:
-            for k, v in d["conflicts_by_class"].items():
-                by_class[k] = by_class.get(k, 0) + v
+        by_class = _summed(d["conflicts_by_class"] for d in diags)
         out["consumers"] = {
             "processes_reporting": len(diags), "processes": consumers,
             "commits": commits, "conflicts": conflicts,
@@ -153,10 +159,7 @@ def _counters(out, cons_reps, prod_reps, consumers):
     for side, ds in (("consumers", diags), ("producers", pdiags)):
         if ds and all(d and "round_trips" in d for d in ds):
             trips[side] = sum(d["round_trips"]["total"] for d in ds)
-            by_class = loaded[side] = {}
-            for d in ds:
-                for k, v in d["round_trips"].get("loads_by_class", {}).items():
-                    by_class[k] = by_class.get(k, 0) + v
+            loaded[side] = _summed(d["round_trips"].get("loads_by_class", {}) for d in ds)
     if len(trips) == 2 and out.get("count"):
         out["round_trips"] = dict(trips, total=trips["consumers"] + trips["producers"],
                                   per_item=(trips["consumers"] + trips["producers"])
