@@ -32,7 +32,8 @@ the rest of its group commits.
 
 Deferred units (``defer()``: an acknowledgement in ``acks="deferred"`` mode) wait for no
 one: they ride on the next commit anyone makes, and if none comes within ``defer_delay``
-seconds the committer thread commits them by itself.  ``flush()`` commits them now.
+seconds (or the unit's own delay: ``ack_with_next_get=True`` through a server) the
+committer thread commits them by itself.  ``flush()`` commits them now.
 
 Through a server, a commit cut off by a lost connection is retried once the client has
 reconnected (ZEO reconnects by itself).  Its first attempt may have committed, so units
@@ -227,16 +228,17 @@ class Committer:
                 notify_waiting(self._cond)    # a busy thread finds it when it looks again
         return ticket
 
-    def defer(self, ops, on_commit=None, on_fail=None):
+    def defer(self, ops, on_commit=None, on_fail=None, delay=None):
         """Queue a unit nobody waits for and return its Ticket: it joins the next commit,
-        and at the latest defer_delay seconds from the first waiting deferred unit the
-        committer thread commits it by itself."""
+        and at the latest delay seconds from now (defer_delay when None) the committer
+        thread commits it by itself, with every other deferred unit waiting then."""
         ticket = Ticket(ops, on_commit, on_fail)
         with self._cond:
             if self._closing:
                 raise CommitterClosed("the queue's storage is closed")
-            if not self._deferred:
-                self._deferred_due = self._monotonic() + self.defer_delay
+            due = self._monotonic() + (self.defer_delay if delay is None else delay)
+            if not self._deferred or due < self._deferred_due:
+                self._deferred_due = due
                 self._cond.notify()         # the thread sets its alarm
             self._deferred.append(ticket)
         return ticket

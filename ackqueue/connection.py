@@ -796,7 +796,7 @@ class QueueConnection(ThreadBound):
                 raise AckQueueError("ack_many(then=...) cannot be part of a transaction "
                                     "block: it commits on its own")
             if self._front.acks == "deferred":
-                deferred.of(self._state).ack(holdings)
+                deferred.of(self._state).ack(holdings, self._front.ack_window)
                 _forget(holdings)
                 then(None)
                 return
@@ -815,7 +815,7 @@ class QueueConnection(ThreadBound):
             return
         try:
             if self._front.acks == "deferred":
-                deferred.of(self._state).ack(holdings)
+                deferred.of(self._state).ack(holdings, self._front.ack_window)
                 _forget(holdings)         # gone from this process's view at once
             else:
                 self._state.ack_many(holdings)
@@ -846,7 +846,7 @@ class QueueConnection(ThreadBound):
                     txn.acks.append(h)
                 return
             if self._front.acks == "deferred":
-                deferred.of(self._state).ack([h])
+                deferred.of(self._state).ack([h], self._front.ack_window)
             else:
                 self._state.ack(h)
         except StaleAck:

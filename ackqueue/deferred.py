@@ -15,9 +15,13 @@ delivery already allows that.  An ack inside ``with q.transaction():`` stays par
 transaction's one commit.  If the commit of a deferred ack fails (a storage error), the
 message is given back, so it is delivered again, and the next ``flush()`` raises the error.
 
-Through a server (ZEO) it works the same: the committer is the same.  A queue reached
-through the queue service (``path="http://..."``) has its own way to save requests
-(``ack_with_next_get=True``), and refuses this option.
+Through a server (ZEO) it works the same: the committer is the same.  There
+``ack_with_next_get=True`` is this mode with a longer window: an ack waits up to
+NEXT_GET_WINDOW for the process's next commit, so that a consumer that keeps up (its next
+get waits for the next put, often longer than a few ms) sends it with that get's claim
+instead of a commit of its own, as the queue service's drop-in sends it with the next get
+request.  A queue reached through the queue service (``path="http://..."``) has its own
+way to save requests (``ack_with_next_get=True``), and refuses this option.
 """
 import collections
 import logging
@@ -25,11 +29,13 @@ import threading
 
 from .errors import StaleAck
 
-__all__ = ["ACK_MODES", "check_acks", "DeferredAcks", "of"]
+__all__ = ["ACK_MODES", "NEXT_GET_WINDOW", "check_acks", "DeferredAcks", "of"]
 
 log = logging.getLogger(__name__)
 
 ACK_MODES = ("durable", "deferred")
+NEXT_GET_WINDOW = 0.05      # seconds an ack_with_next_get ack waits for a commit to ride on
+                            # through a server (the queue service's drop-in waits as long)
 
 
 def check_acks(value, remote_url):
@@ -67,9 +73,10 @@ class DeferredAcks:
         self._lock = threading.Lock()
         self._tickets = collections.deque()   # committer tickets, oldest first
 
-    def ack(self, holdings):
+    def ack(self, holdings, window=None):
         """Acknowledge holdings (all current, else StaleAck and nothing changes) in one
-        unit that the next commit carries; return without waiting for it."""
+        unit that the next commit carries, within window seconds (None: the committer's
+        defer_delay); return without waiting for it."""
         state = self._state
         state.begin_settle(holdings)
         ticket = None
@@ -93,7 +100,7 @@ class DeferredAcks:
         ops = state.arbiter.ack_ops(holdings)
         try:
             ticket = state.committer.defer(ops, on_commit=lambda: state.settled(holdings),
-                                           on_fail=failed)
+                                           on_fail=failed, delay=window)
         except BaseException:
             state.cancel_settle(holdings)
             raise

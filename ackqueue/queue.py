@@ -225,7 +225,14 @@ class AckQueue(_stdlib_queue.Queue):
       within a second (or a tenth of its visibility timeout), or still there at close(),
       goes back to its place with its receive count as it was (see ackqueue.shared).  It
       saves a server round trip per get; a message put later is never received ahead of
-      one already taken ahead.  FIFO queues only.
+      one already taken ahead.  FIFO queues only;
+    - ack_with_next_get (a queue shared with other processes): True makes ack, ack_many
+      and task_done return at once, and their ack travel with this process's next round
+      trip instead of one of its own.  Through the queue service (http://) it rides on the
+      thread's next get request; through a server (zeo://, or a db= on a ZEO storage) it
+      is acks="deferred" whose ack waits for the process's next commit (a get's claim,
+      typically) up to NEXT_GET_WINDOW (50 ms) instead of a few ms.  Either way a crash in
+      that window brings the message back; nothing is lost.
     """
 
     _kind = store.FIFO
@@ -269,6 +276,11 @@ class AckQueue(_stdlib_queue.Queue):
         self._clock = clock = clock or time.time
         self.ack_with_next_get = remote.check_ack_with_next_get(ack_with_next_get, path)
         self.acks = deferred.check_acks(acks, remote.is_url(path))
+        # The longest a deferred ack waits for a commit to ride on (None: the committer's
+        # few ms); through a server, ack_with_next_get waits for the next get's claim.
+        self.ack_window = None
+        if self.ack_with_next_get and not remote.is_url(path):
+            self.acks, self.ack_window = "deferred", deferred.NEXT_GET_WINDOW
         self.prefetch = _prefetch(prefetch, path, kind)
         self._database = (remote.RemoteDatabase(self, path, db, durability, repair)
                           if remote.is_url(path) else open_database(path, db, durability, repair))
@@ -279,6 +291,13 @@ class AckQueue(_stdlib_queue.Queue):
                     "prefetch applies to a queue shared through a server (zeo://): this "
                     "process holds this storage alone, so its gets make no round trips "
                     "to save")
+            if self.ack_window is not None and self._database.exclusive:
+                raise ValueError(
+                    "ack_with_next_get=True applies to a queue shared with other "
+                    "processes, through the queue service (path='http://...') or a server "
+                    "(path='zeo://...'): this process holds this storage alone, where an "
+                    "ack is one local commit (acks='deferred' lets it return before even "
+                    "that)")
             self._policy = self._dead_letter_policy(self.max_receives, self.dead_letter)
             if autopack is not None:
                 self._database.enable_autopack(autopack)

@@ -78,12 +78,12 @@ def is_url(path):
 
 
 def check_ack_with_next_get(value, path):
+    """The ack_with_next_get option, checked for its type.  Through the service it is this
+    module's; through a server (zeo://) a deferred ack with a longer window
+    (ackqueue.deferred.NEXT_GET_WINDOW); AckQueue refuses it for a storage its process
+    holds alone, once that storage is open."""
     if value not in (False, True):
         raise TypeError("ack_with_next_get must be True or False")
-    if value and not is_url(path):
-        raise ValueError("ack_with_next_get=True applies to a queue reached through the "
-                         "queue service (path='http://...'); an embedded queue's ack is "
-                         "one commit already")
     return value
 
 

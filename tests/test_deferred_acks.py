@@ -228,3 +228,99 @@ def test_a_deferred_ack_that_fails_to_commit_gives_back_and_flush_raises(tmp_pat
         q.flush()                        # the error was reported once
     finally:
         q.close()
+
+
+# ack_with_next_get=True through a server: a deferred ack whose window is long enough for
+# a consumer that keeps up to send it with its next get's claim (issue 28 point 4).
+
+def test_ack_with_next_get_is_for_a_queue_shared_with_other_processes(tmp_path):
+    path = str(tmp_path / "q.fs")
+    for where in ({"path": path}, {}):
+        with pytest.raises(ValueError, match="ack_with_next_get=True applies to a queue "
+                                             "shared with other processes"):
+            AckQueue(ack_with_next_get=True, **where)
+    with pytest.raises(TypeError, match="ack_with_next_get must be True or False"):
+        AckQueue(ack_with_next_get="yes")
+    with AckQueue(path=path) as q:        # the refused open released the file
+        q.put("x")
+
+
+def test_ack_with_next_get_through_a_server_rides_on_the_next_claim(tmp_path):
+    from ackqueue.deferred import NEXT_GET_WINDOW
+    srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
+    try:
+        q = AckQueue(path=srv.url, ack_with_next_get=True)
+        try:
+            assert q.acks == "deferred" and q.ack_window == NEXT_GET_WINDOW
+            clock = freeze(q)
+            committer = q._database.committer
+            q.put_many(["a", "b", "c"])
+            q.ack(q.get())
+            ticket = q._state.deferred_acks._tickets[-1]
+            # Not committed alone after the committer's few ms, only after the window:
+            assert not committer.due(clock.now + committer.defer_delay)
+            assert committer.due(clock.now + NEXT_GET_WINDOW)
+            before = committer.commits
+            assert not ticket._done.is_set()
+            b = q.get()                         # its claim's commit carries the ack
+            assert b == "b"
+            assert ticket._done.wait(BOUND) and ticket.error is None
+            assert committer.commits == before + 1
+            with AckQueue(path=srv.url) as other:
+                assert other.stats()["acked"] == 1
+            q.ack(b)                            # no get follows: committed when due
+            ticket = q._state.deferred_acks._tickets[-1]
+            clock.now += NEXT_GET_WINDOW
+            assert ticket._done.wait(BOUND) and ticket.error is None
+            q.ack(q.get())
+        finally:
+            q.close()                           # flushes the last one
+        with AckQueue(path=srv.url) as again:
+            assert again.stats()["acked"] == 3
+            assert again.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+    finally:
+        srv.stop()
+
+
+SHARED_CHILD = """
+    import json, os, signal, sys
+    from ackqueue import AckQueue
+    q = AckQueue(path=sys.argv[1], ack_with_next_get=True)
+    q._database.committer._monotonic = lambda: 100.0   # nothing commits by itself
+    got = [q.get(timeout=30) for _ in range(20)]
+    q.ack_many(got[:5])
+    for item in got[5:10]:
+        q.ack(item)
+    if sys.argv[2] == "flush":
+        q.flush()
+    print(json.dumps({"acked": got[:10], "held": got[10:]}), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("mode", ["hold", "flush"])
+def test_sigkill_right_after_acks_with_next_get_through_a_server_loses_nothing(tmp_path,
+                                                                              mode):
+    srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
+    try:
+        url = f"{srv.url}?lease_timeout=1"
+        with AckQueue(path=url) as q:
+            q.put_many(range(30))
+            proc = run_child(SHARED_CHILD, url, mode)
+            assert proc.returncode == -signal.SIGKILL, proc.stderr
+            told = json.loads(proc.stdout)
+            acked, held = told["acked"], told["held"]
+            assert acked == list(range(10)) and held == list(range(10, 20))
+            # What the dead process held comes back when its lease ends.
+            back = [q.get_message(timeout=30) for _ in range(30 if mode == "hold" else 20)]
+            bodies = [m.body for m in back]
+            assert len(bodies) == len(set(bodies))
+            if mode == "hold":        # the acks never reached the server: each comes back
+                assert sorted(bodies) == list(range(30))
+            else:                     # flush made them durable: none comes back
+                assert sorted(bodies) == list(range(10, 30))
+            q.ack_many(back)
+            with pytest.raises(Empty):
+                q.get(timeout=0.2)
+    finally:
+        srv.stop()

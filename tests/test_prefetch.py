@@ -167,7 +167,9 @@ def test_a_sigkilled_process_gives_back_what_it_claimed_ahead_at_its_lease_end(s
 CONSUMER = """
     import json, sys
     from ackqueue import AckQueue, Empty
-    q = AckQueue(path=sys.argv[1], name="pair", prefetch=8, acks=sys.argv[2])
+    mode = sys.argv[2]
+    options = {"ack_with_next_get": True} if mode == "next-get" else {"acks": mode}
+    q = AckQueue(path=sys.argv[1], name="pair", prefetch=8, **options)
     print("ready", flush=True)
     got = []
     while True:
@@ -182,7 +184,7 @@ CONSUMER = """
 """
 
 
-@pytest.mark.parametrize("acks", ["durable", "deferred"])
+@pytest.mark.parametrize("acks", ["durable", "deferred", "next-get"])
 def test_two_prefetching_consumer_processes_receive_each_message_once(server, acks):
     total = 300
     with AckQueue(path=server.url, name="pair") as q:

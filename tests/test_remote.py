@@ -415,7 +415,7 @@ def test_ack_with_next_get(q):
     a.close()                             # close makes the last one durable
     assert plain.stats()["acked"] == 3
     with pytest.raises(ValueError):
-        AckQueue(ack_with_next_get=True)  # only through the service
+        AckQueue(ack_with_next_get=True)  # only for a queue shared with others
 
 
 # -- what cannot work over the service -------------------------------------------------------

@@ -213,3 +213,12 @@ SHARED_FAST = SharedContender(
     "the ack rides on the process's next commit (a claim, or the committer's own within "
     "2 ms); a consumer's ack time is when ack() returned",
     start_server, _opener(prefetch=8, acks="deferred"), scenarios=("g",))
+
+SHARED_NEXT_GET = SharedContender(
+    "ackqueue-zeo-nextget", "ackqueue (zeo, prefetch 8, ack with next get)", "ackqueue",
+    "blocking",
+    "as ackqueue (zeo, prefetch 8), with ack_with_next_get=True: ack() returns at once and "
+    "the ack waits up to 50 ms for the process's next commit (the next get's claim, when "
+    "the consumer keeps up), where deferred acks wait 2 ms; a consumer's ack time is when "
+    "ack() returned",
+    start_server, _opener(prefetch=8, ack_with_next_get=True), scenarios=("g",))
