@@ -151,16 +151,19 @@ def test_close_flushes_and_no_thread_end_or_deadline_gives_back(tmp_path):
 CHILD = """
     import json, os, signal, sys
     from ackqueue import AckQueue
-    q = AckQueue(path=sys.argv[1], acks="deferred")
-    committer = q._database.committer
-    if sys.argv[2] == "hold":             # the committer never commits deferred acks alone
-        committer.defer_delay = 3600.0
-    q.put_many(range(50))
-    got = [q.get() for _ in range(20)]
+    path, mode = sys.argv[1], sys.argv[2]
+    if path.startswith("zeo://"):         # the test put the items; acks ride on gets
+        q = AckQueue(path=path, ack_with_next_get=True)
+    else:
+        q = AckQueue(path=path, acks="deferred")
+        q.put_many(range(50))
+    if mode == "hold":                    # the committer never commits deferred acks alone
+        q._database.committer._monotonic = lambda: 100.0
+    got = [q.get(timeout=30) for _ in range(20)]
     q.ack_many(got[:5])
     for item in got[5:10]:
         q.ack(item)
-    if sys.argv[2] == "flush":
+    if mode == "flush":
         q.flush()
     print(json.dumps({"acked": got[:10], "held": got[10:]}), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -282,22 +285,6 @@ def test_ack_with_next_get_through_a_server_rides_on_the_next_claim(tmp_path):
         srv.stop()
 
 
-SHARED_CHILD = """
-    import json, os, signal, sys
-    from ackqueue import AckQueue
-    q = AckQueue(path=sys.argv[1], ack_with_next_get=True)
-    q._database.committer._monotonic = lambda: 100.0   # nothing commits by itself
-    got = [q.get(timeout=30) for _ in range(20)]
-    q.ack_many(got[:5])
-    for item in got[5:10]:
-        q.ack(item)
-    if sys.argv[2] == "flush":
-        q.flush()
-    print(json.dumps({"acked": got[:10], "held": got[10:]}), flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
 @pytest.mark.parametrize("mode", ["hold", "flush"])
 def test_sigkill_right_after_acks_with_next_get_through_a_server_loses_nothing(tmp_path,
                                                                               mode):
@@ -306,7 +293,7 @@ def test_sigkill_right_after_acks_with_next_get_through_a_server_loses_nothing(t
         url = f"{srv.url}?lease_timeout=1"
         with AckQueue(path=url) as q:
             q.put_many(range(30))
-            proc = run_child(SHARED_CHILD, url, mode)
+            proc = run_child(CHILD, url, mode)
             assert proc.returncode == -signal.SIGKILL, proc.stderr
             told = json.loads(proc.stdout)
             acked, held = told["acked"], told["held"]
