@@ -608,7 +608,8 @@ class QueueConnection(ThreadBound):
         txn = self._transaction_block()
         ask = Ask(self, visibility_timeout, self._load_meta,
                   record=not isinstance(txn, _AppTransactionBlock), shuffle=shuffle,
-                  policy=policy, prefetch=self._front.prefetch)
+                  policy=policy, prefetch=self._front.prefetch,
+                  prefetch_wait=self._front.prefetch_wait)
         claimed = self._state.claim(self._front, ask, block, timeout, n=n or 1)
         if n is None:
             return self._hand_out(claimed, txn, raw)

@@ -151,6 +151,20 @@ def _max_item_size(value):
     return value
 
 
+def _prefetch_wait(value, prefetch):
+    """A valid prefetch_wait= argument: seconds (0: none), with prefetch above 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"prefetch_wait must be a number of seconds, not "
+                        f"{type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"prefetch_wait must be a finite number of seconds, 0 or more, "
+                         f"not {value!r}")
+    if value and prefetch <= 1:
+        raise ValueError("prefetch_wait is how long a get waits for a batch to claim: it "
+                         "needs prefetch above 1")
+    return float(value)
+
+
 def _max_receives(value):
     if value is None:
         return None
@@ -226,6 +240,11 @@ class AckQueue(_stdlib_queue.Queue):
       goes back to its place with its receive count as it was (see ackqueue.shared).  It
       saves a server round trip per get; a message put later is never received ahead of
       one already taken ahead.  FIFO queues only;
+    - prefetch_wait (with prefetch): seconds a get that finds fewer messages ready than its
+      batch waits for more to be put before it claims (0, the default: none), as Kafka's
+      fetch.max.wait.ms: a consumer that keeps up then claims batches, not one message per
+      commit, and each get may take up to that much longer.  Never past the get's own
+      timeout; get(block=False) does not wait;
     - ack_with_next_get (a queue shared with other processes): True makes ack, ack_many
       and task_done return at once, and their ack travel with this process's next round
       trip instead of one of its own.  Through the queue service (http://) it rides on the
@@ -243,7 +262,7 @@ class AckQueue(_stdlib_queue.Queue):
                  lifo=False, max_receives=None, dead_letter=None, retention=None,
                  dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None,
                  repair=False, codec=None, allowed_classes=None, ack_with_next_get=False,
-                 acks="durable", prefetch=1):
+                 acks="durable", prefetch=1, prefetch_wait=0.0):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -282,6 +301,7 @@ class AckQueue(_stdlib_queue.Queue):
         if self.ack_with_next_get and not remote.is_url(path):
             self.acks, self.ack_window = "deferred", deferred.NEXT_GET_WINDOW
         self.prefetch = _prefetch(prefetch, path, kind)
+        self.prefetch_wait = _prefetch_wait(prefetch_wait, self.prefetch)
         self._database = (remote.RemoteDatabase(self, path, db, durability, repair)
                           if remote.is_url(path) else open_database(path, db, durability, repair))
         try:

@@ -24,6 +24,10 @@ the threads waiting.
           racing for a short queue).  A message no get here receives within PREFETCH_IDLE
           seconds (or a tenth of its visibility timeout) goes back to its place with an
           Unclaim, which also undoes its receive count, and the batch starts again at 1.
+          With prefetch_wait=S, a get that finds fewer ready than its batch waits up to S
+          seconds (never past its own timeout; a get that must not block, not at all) for
+          more to be put, as Kafka's fetch.max.wait.ms does: a consumer that keeps up,
+          woken by every put, otherwise claims one message per commit.
 - ack, give-back: Ack and Release name the receive count of their delivery, and the store
           refuses them (StaleAck) unless it is still the live one: a process that was paused
           past its deadline or its lease cannot remove a message delivered again meanwhile.
@@ -373,6 +377,8 @@ class SharedArbiter:
                 return None
             self._await_returns()
             picks = self._picks_spread(count)
+            if len(picks) < count and ask.prefetch_wait:
+                picks = self._wait_for_batch(front, ask, count, picks)
             if len(picks) < 2:
                 return None
             self._claiming.update(seq for seq, _, _ in picks)
@@ -398,6 +404,25 @@ class SharedArbiter:
             # was received in full again.
             self._window = 1 if len(won) < len(picks) else min(count * 2, ask.prefetch)
             return [self._hand_over(won[0], ask.holder)]
+
+    def _wait_for_batch(self, front, ask, count, picks):
+        """Wait (mutex held) until count messages are ready to claim, ask.prefetch_wait
+        seconds have passed or the get's own time is up, whichever comes first; the picks
+        then.  A consumer that keeps up then claims a batch in one commit instead of one
+        message per commit, at the price of that wait (prefetch_wait)."""
+        state = self.state
+        end = monotonic() + ask.prefetch_wait
+        if ask.until is not None:
+            end = min(end, ask.until)
+        while len(picks) < count and not front.is_shutdown:
+            remaining = end - monotonic()
+            if remaining <= 0.0:
+                break
+            state.not_empty.wait(remaining)     # woken by puts here and other processes'
+            state.expire_due()
+            self._await_returns()               # read this process's own give-backs
+            picks = self._picks_spread(count)
+        return picks
 
     def _picks_spread(self, count):
         """count ready messages to claim together: the first ones, or after lost races

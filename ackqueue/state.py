@@ -143,13 +143,15 @@ class Ask:
     read a message this process does not have in memory, whether the store records the
     delivery (not inside an application transaction), shuffle, the dead-letter policy,
     and how many messages a shared queue may claim ahead for this process's next gets
-    (prefetch; see ackqueue.shared)."""
+    (prefetch; see ackqueue.shared), and how long it may wait for them to be put
+    (prefetch_wait), at the latest until the get's own end (until: monotonic time, None
+    for none; claim() sets it)."""
 
     __slots__ = ("holder", "visibility_timeout", "load_meta", "record", "shuffle", "policy",
-                 "prefetch")
+                 "prefetch", "prefetch_wait", "until")
 
     def __init__(self, holder, visibility_timeout=None, load_meta=None, record=True,
-                 shuffle=False, policy=None, prefetch=1):
+                 shuffle=False, policy=None, prefetch=1, prefetch_wait=0.0):
         self.holder = holder
         self.visibility_timeout = visibility_timeout
         self.load_meta = load_meta
@@ -157,6 +159,8 @@ class Ask:
         self.shuffle = shuffle
         self.policy = policy
         self.prefetch = prefetch
+        self.prefetch_wait = prefetch_wait
+        self.until = None
 
 
 class Holding:
@@ -419,6 +423,9 @@ class QueueState:
         waiting as queue.Queue.get does, and return its Holding; with n > 1 a list of 1 to
         n Holdings: the first waited for, the others whatever else is ready."""
         endtime = None if (timeout is None or not block) else monotonic() + timeout
+        ask.until = endtime
+        if not block:
+            ask.prefetch_wait = 0.0       # a get that must not block waits for no batch
         moves = []
         try:
             while True:

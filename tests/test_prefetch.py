@@ -44,6 +44,13 @@ def test_prefetch_option_is_checked(tmp_path):
     with pytest.raises(ValueError, match="FIFO queue"):
         AckPriorityQueue(path="zeo://127.0.0.1:9", prefetch=4)
     AckQueue(prefetch=1).close()                          # the default, anywhere
+    with pytest.raises(TypeError, match="prefetch_wait must be a number"):
+        AckQueue(prefetch_wait="0.1")
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="prefetch_wait must be a finite number"):
+            AckQueue(prefetch_wait=bad)
+    with pytest.raises(ValueError, match="needs prefetch above 1"):
+        AckQueue(prefetch_wait=0.1)
 
 
 def test_gets_keep_fifo_order_with_fewer_claim_commits(server):
@@ -168,7 +175,9 @@ CONSUMER = """
     import json, sys
     from ackqueue import AckQueue, Empty
     mode = sys.argv[2]
-    options = {"ack_with_next_get": True} if mode == "next-get" else {"acks": mode}
+    options = ({"ack_with_next_get": True} if mode == "next-get" else
+               {"ack_with_next_get": True, "prefetch_wait": 0.02} if mode == "batches" else
+               {"acks": mode})
     q = AckQueue(path=sys.argv[1], name="pair", prefetch=8, **options)
     print("ready", flush=True)
     got = []
@@ -184,7 +193,7 @@ CONSUMER = """
 """
 
 
-@pytest.mark.parametrize("acks", ["durable", "deferred", "next-get"])
+@pytest.mark.parametrize("acks", ["durable", "deferred", "next-get", "batches"])
 def test_two_prefetching_consumer_processes_receive_each_message_once(server, acks):
     total = 300
     with AckQueue(path=server.url, name="pair") as q:
@@ -227,3 +236,59 @@ def test_threads_of_one_process_share_what_was_claimed_ahead(server):
         assert sorted(got) == list(range(total)), "each message received exactly once"
         assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
         assert q.stats()["redelivered"] == 0
+
+
+def _waiting_for_a_batch(q):
+    """Whether a get of q is waiting (on the queue's not_empty condition)."""
+    return bool(q._state.not_empty._waiters)
+
+
+def test_a_get_that_keeps_up_waits_for_a_batch_with_prefetch_wait(server):
+    with AckQueue(path=server.url, name="batch", prefetch=8, prefetch_wait=WAIT) as q, \
+            AckQueue(path=server.url, name="batch") as producer:
+        producer.put("warm-up")
+        q.ack(q.get(timeout=WAIT))         # a batch of 1: the next one may take 2
+        producer.put("a")
+        got, checked = [], threading.Event()
+
+        def consume():
+            got.append(q.get(timeout=WAIT))
+            checked.wait(WAIT)
+            q.ack(got[0])                   # in its own thread: its end would give it back
+
+        getter = threading.Thread(target=consume)
+        getter.start()
+        for _ in range(3000):               # until the get waits for a second message
+            if _waiting_for_a_batch(q):
+                break
+            getter.join(0.01)
+        assert _waiting_for_a_batch(q) and not got, "the get waits for a batch"
+        before = claim_commits(q)
+        producer.put("b")
+        for _ in range(3000):
+            if got:
+                break
+            getter.join(0.01)
+        assert got == ["a"]
+        b = q.get(timeout=WAIT)             # claimed with "a", in one commit
+        assert b == "b"
+        assert claim_commits(q) - before <= 2, "one claim commit (and a lease beat)"
+        checked.set()
+        getter.join(WAIT)
+        q.ack(b)
+        assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+
+
+def test_prefetch_wait_never_outlasts_the_get(server):
+    with AckQueue(path=server.url, name="short", prefetch=8, prefetch_wait=3600) as q:
+        q.put_many(["warm-up", "a", "b"])
+        q.ack(q.get(timeout=WAIT))         # the next claim may take 2, and 2 are ready
+        got = [q.get(timeout=WAIT), q.get_nowait()]    # "b" from the batch
+        assert got == ["a", "b"]
+        q.ack_many(got)
+        q.put("c")                          # a batch of 4 would wait for 3 more:
+        got = [q.get_nowait()]              # a get that must not block does not wait
+        q.put("d")
+        got.append(q.get(timeout=0.05))     # one with a timeout waits until its end only
+        assert got == ["c", "d"]
+        q.ack_many(got)

@@ -222,3 +222,12 @@ SHARED_NEXT_GET = SharedContender(
     "the consumer keeps up), where deferred acks wait 2 ms; a consumer's ack time is when "
     "ack() returned",
     start_server, _opener(prefetch=8, ack_with_next_get=True), scenarios=("g",))
+
+SHARED_BATCHES = SharedContender(
+    "ackqueue-zeo-batches", "ackqueue (zeo, prefetch 8, ack with next get, 20 ms batches)",
+    "ackqueue", "blocking",
+    "as ackqueue (zeo, prefetch 8, ack with next get), with prefetch_wait=0.02: a get that "
+    "finds fewer messages ready than its batch waits up to 20 ms for more before it claims "
+    "(Kafka's fetch.max.wait.ms), so a consumer that keeps up claims batches",
+    start_server, _opener(prefetch=8, ack_with_next_get=True, prefetch_wait=0.02),
+    scenarios=("g",))
