@@ -293,17 +293,18 @@ class AckQueue(_stdlib_queue.Queue):
         self._default_put = None
         self._connections = weakref.WeakSet()
         self._clock = clock = clock or time.time
-        self.ack_with_next_get = remote.check_ack_with_next_get(ack_with_next_get, path)
-        self.acks = deferred.check_acks(acks, remote.is_url(path))
+        through_service = remote.is_url(path)
+        self.ack_with_next_get = remote.check_ack_with_next_get(ack_with_next_get)
+        self.acks = deferred.check_acks(acks, through_service)
         # The longest a deferred ack waits for a commit to ride on (None: the committer's
         # few ms); through a server, ack_with_next_get waits for the next get's claim.
         self.ack_window = None
-        if self.ack_with_next_get and not remote.is_url(path):
+        if self.ack_with_next_get and not through_service:
             self.acks, self.ack_window = "deferred", deferred.NEXT_GET_WINDOW
         self.prefetch = _prefetch(prefetch, path, kind)
         self.prefetch_wait = _prefetch_wait(prefetch_wait, self.prefetch)
         self._database = (remote.RemoteDatabase(self, path, db, durability, repair)
-                          if remote.is_url(path) else open_database(path, db, durability, repair))
+                          if through_service else open_database(path, db, durability, repair))
         try:
             self._state = self._open_state(name, kind, clock, codec)
             if self.prefetch > 1 and self._database.exclusive:

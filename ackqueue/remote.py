@@ -77,7 +77,7 @@ def is_url(path):
     return isinstance(path, str) and path[:8].lower().startswith(("http://", "https://"))
 
 
-def check_ack_with_next_get(value, path):
+def check_ack_with_next_get(value):
     """The ack_with_next_get option, checked for its type.  Through the service it is this
     module's; through a server (zeo://) a deferred ack with a longer window
     (ackqueue.deferred.NEXT_GET_WINDOW); AckQueue refuses it for a storage its process
