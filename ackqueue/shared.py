@@ -409,19 +409,33 @@ class SharedArbiter:
         """Wait (mutex held) until count messages are ready to claim, ask.prefetch_wait
         seconds have passed or the get's own time is up, whichever comes first; the picks
         then.  A consumer that keeps up then claims a batch in one commit instead of one
-        message per commit, at the price of that wait (prefetch_wait)."""
+        message per commit, at the price of that wait (prefetch_wait).
+
+        Each look at the store is a round trip when another process changed the queue
+        (every put and claim does), so the store is read again only once as many signals
+        as messages are missing have come (a put here or a change by another process,
+        each at most one more message for the usual one-message put; a put_many elsewhere
+        is then only seen at the end of the wait), and once at the end if any came."""
         state = self.state
         end = monotonic() + ask.prefetch_wait
         if ask.until is not None:
             end = min(end, ask.until)
+        seen = state.ready_signals
         while len(picks) < count and not front.is_shutdown:
             remaining = end - monotonic()
-            if remaining <= 0.0:
-                break
-            state.not_empty.wait(remaining)     # woken by puts here and other processes'
+            if remaining > 0.0:
+                state.not_empty.wait(remaining)     # woken by puts here and other processes'
+                if (state.ready_signals - seen < count - len(picks)
+                        and monotonic() < end and not front.is_shutdown):
+                    continue                        # too few signals to fill the batch yet
+            if state.ready_signals == seen:
+                break                               # the end, and nothing new since the last look
+            seen = state.ready_signals
             state.expire_due()
             self._await_returns()               # read this process's own give-backs
             picks = self._picks_spread(count)
+            if remaining <= 0.0:
+                break
         return picks
 
     def _picks_spread(self, count):

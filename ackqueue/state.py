@@ -250,6 +250,10 @@ class QueueState:
         # without it by a server's wake-ups, for whom a stale count only means one
         # prefetch more or less).
         self.getters_waiting = 0
+        # Signals that a message may have become ready (signal_ready's counts, under the
+        # mutex): a waiter that needs several messages reads the store again only once
+        # enough have come to make a difference (ackqueue.shared, prefetch_wait).
+        self.ready_signals = 0
         self._listeners = ()         # callbacks told when a message may have become ready
         self._next_sweep = monotonic() + SWEEP_INTERVAL
         self._swept_at = clock()
@@ -381,6 +385,7 @@ class QueueState:
 
     def signal_ready(self, count=1):
         """A message may have become ready (mutex held): wake getters and listeners."""
+        self.ready_signals += count
         notify_waiting(self.not_empty, count)
         for callback in self._listeners:
             try:

@@ -292,3 +292,48 @@ def test_prefetch_wait_never_outlasts_the_get(server):
         got.append(q.get(timeout=0.05))     # one with a timeout waits until its end only
         assert got == ["c", "d"]
         q.ack_many(got)
+
+
+def test_a_batch_wait_reads_the_store_once_enough_puts_have_come(server):
+    """Every look at the store is a round trip once another process changed the queue, so
+    a get waiting for 3 more messages reads it again after the third put, not after each."""
+    with AckQueue(path=server.url, name="reads", prefetch=8, prefetch_wait=WAIT) as q, \
+            AckQueue(path=server.url, name="reads") as producer:
+        producer.put("warm-up")
+        q.ack(q.get(timeout=WAIT))         # a batch of 1: the next one may take 2
+        producer.put_many(["x", "y"])
+        q.ack_many([q.get(timeout=WAIT), q.get_nowait()])   # both received: 4 next
+        arbiter, reads = q._state.arbiter, []
+        picks = arbiter._picks
+
+        def counted(count, shuffle):
+            reads.append(count)
+            return picks(count, shuffle)
+        arbiter._picks = counted
+        producer.put("a")
+        got = []
+
+        def consume():
+            got.append(q.get(timeout=WAIT))
+            q.ack(got[0])                   # in its own thread: its end would give it back
+        getter = threading.Thread(target=consume)
+        getter.start()
+        for item in ("b", "c", "d"):
+            for _ in range(3000):           # until the get waits for the batch of 4
+                if _waiting_for_a_batch(q):
+                    break
+                getter.join(0.01)
+            assert _waiting_for_a_batch(q) and not got, "the get waits for a batch"
+            signals = q._state.ready_signals
+            producer.put(item)
+            for _ in range(3000):           # until this process has heard of the put
+                if q._state.ready_signals > signals or got:
+                    break
+                getter.join(0.01)
+        getter.join(WAIT)
+        assert got == ["a"]
+        assert len(reads) == 2, "one read at the start of the wait, one after the third put"
+        rest = [q.get_nowait() for _ in range(3)]     # claimed with "a", in one commit
+        assert rest == ["b", "c", "d"]
+        q.ack_many(rest)
+        assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
