@@ -38,6 +38,7 @@ the threads waiting.
           Messages held without a deadline by a process that died come back when its lease
           expires (ackqueue.lease).
 """
+import itertools
 import logging
 import os
 import random
@@ -90,6 +91,25 @@ class _AheadInfo:
         self.last_received = last_received
 
 
+class PutTokens:
+    """The tokens of this process's puts (store.Put.token: a commit retried after it
+    reached the server is applied once).  Unique across processes: a random prefix per
+    process, made again after a fork.  Ascending within a process, so that each
+    producer's tokens sit together in the store's token table (an OOBTree,
+    QueueRecord.put_tokens): a producer then adds to buckets of its own, and does not
+    load one another producer just changed, as random tokens made it do (about one
+    put in five in 2 producer processes)."""
+
+    def __init__(self):
+        self._pid = None
+
+    def next(self):
+        pid = os.getpid()
+        if pid != self._pid:
+            self._prefix, self._count, self._pid = os.urandom(8), itertools.count(), pid
+        return self._prefix + next(self._count).to_bytes(8, "big")
+
+
 def _patience(info):
     """Seconds a message claimed ahead may wait for a get here."""
     vt = info.terms[0]
@@ -129,6 +149,7 @@ class SharedArbiter:
         self._ahead_holder = _Ahead()
         self._ahead = {}            # seq -> _AheadInfo of the messages claimed ahead
         self._window = 1            # how many messages the next claim takes (prefetch)
+        self._tokens = PutTokens()
         self._rtm = transaction.TransactionManager()
         self._rconn = self.database.db.open(transaction_manager=self._rtm)
         self.watch_oid = None
@@ -236,7 +257,7 @@ class SharedArbiter:
                        now + opts.delay if opts.delay else None, now + opts.retention,
                        opts.attributes, dedup_id,
                        None if dedup_id is None else now + opts.dedup_window,
-                       token=os.urandom(16))     # a retried commit is applied once
+                       token=self._tokens.next())     # a retried commit is applied once
         return op, None
 
     def new_messages(self, seqs, pairs, now, opts=DEFAULT_PUT, dedup_ids=None):

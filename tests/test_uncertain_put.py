@@ -47,3 +47,31 @@ def test_a_put_cut_off_after_it_reached_the_server_is_stored_once(server, how):
             assert got == expected
     finally:
         proxy.close()
+
+
+def test_put_tokens_are_unique_across_processes_and_ascend_within_one():
+    """Tokens ascend within a process (each producer adds to its own part of the store's
+    token table) and differ between processes, a forked child included."""
+    import os
+
+    from ackqueue.shared import PutTokens
+
+    tokens = PutTokens()
+    mine = [tokens.next() for _ in range(300)]
+    assert mine == sorted(mine) and len(set(mine)) == 300
+    assert all(len(token) == 16 for token in mine)
+    other = PutTokens().next()
+    assert other[:8] != mine[0][:8], "another process's (another arbiter's) prefix"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                  # the child: its next token, then out
+        try:
+            os.write(write, tokens.next())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 16)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child) == 16 and child[:8] != mine[0][:8], "a forked child makes its own prefix"
+    assert tokens.next()[:8] == mine[0][:8]
