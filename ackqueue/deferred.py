@@ -39,7 +39,10 @@ NEXT_GET_WINDOW = 0.05      # seconds an ack_with_next_get ack waits for a commi
 
 
 def check_acks(value, remote_url):
-    """Validate AckQueue's acks= option; remote_url: the queue is reached over http."""
+    """Validate AckQueue's acks= option (None: "durable", the default) and return the
+    mode; remote_url: the queue is reached over http."""
+    if value is None:
+        return "durable"
     if value not in ACK_MODES:
         raise ValueError(f"acks must be 'durable' (the default: an ack returns once it is "
                          f"durable) or 'deferred' (an ack returns at once and is durable "

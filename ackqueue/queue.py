@@ -231,7 +231,9 @@ class AckQueue(_stdlib_queue.Queue):
     - acks: "durable" (the default: ack, ack_many and task_done return once the ack is
       durable) or "deferred" (they return at once; the ack is durable with the next
       commit, within a few ms, or after flush(); a crash before then can only bring the
-      message back, see ackqueue.deferred).  Not through the queue service (http://);
+      message back, see ackqueue.deferred).  Not through the queue service (http://).
+      An explicit "durable" with ack_with_next_get=True is refused (ValueError): the two
+      contradict each other;
     - prefetch (a queue shared through a server, zeo://): the most messages one claim
       commit may take ahead for this process's next gets while its consumers keep up (1,
       the default: none).  A message taken ahead is in flight under this process's lease,
@@ -262,7 +264,7 @@ class AckQueue(_stdlib_queue.Queue):
                  lifo=False, max_receives=None, dead_letter=None, retention=None,
                  dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None,
                  repair=False, codec=None, allowed_classes=None, ack_with_next_get=False,
-                 acks="durable", prefetch=1, prefetch_wait=0.0):
+                 acks=None, prefetch=1, prefetch_wait=0.0):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int):
             raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
         if not isinstance(name, str) or not name:
@@ -295,6 +297,11 @@ class AckQueue(_stdlib_queue.Queue):
         self._clock = clock = clock or time.time
         through_service = remote.is_url(path)
         self.ack_with_next_get = remote.check_ack_with_next_get(ack_with_next_get)
+        if self.ack_with_next_get and acks == "durable":
+            raise ValueError(
+                "acks='durable' (an ack returns once it is durable) contradicts "
+                "ack_with_next_get=True (an ack returns at once and travels with the next "
+                "get): pass one or the other")
         self.acks = deferred.check_acks(acks, through_service)
         # The longest a deferred ack waits for a commit to ride on (None: the committer's
         # few ms); through a server, ack_with_next_get waits for the next get's claim.

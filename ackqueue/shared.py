@@ -6,7 +6,9 @@ only keeps what is this process's own: the deliveries its threads hold, their de
 the threads waiting.
 
 - put:    the Put is committed; the store numbers the message at commit (sequence numbers
-          are taken from the store, so they grow in commit order across processes).
+          are taken from the store, so they grow in commit order across processes).  Its
+          token, which lets the store apply a retried commit once, ascends within this
+          process (PutTokens), so producers add to separate buckets of the token table.
 - get:    a ready message is chosen from a fresh snapshot of the store's ready set and a
           Claim naming this process's lease is committed, and waited for, before the item
           is handed out.  Two processes that choose the same message conflict; the loser's
@@ -27,7 +29,10 @@ the threads waiting.
           With prefetch_wait=S, a get that finds fewer ready than its batch waits up to S
           seconds (never past its own timeout; a get that must not block, not at all) for
           more to be put, as Kafka's fetch.max.wait.ms does: a consumer that keeps up,
-          woken by every put, otherwise claims one message per commit.
+          woken by every put, otherwise claims one message per commit.  While it waits it
+          reads the store again only once as many puts (or other changes) as it lacks
+          have been signalled, and at the end: each read is a round trip once another
+          process changed the queue.
 - ack, give-back: Ack and Release name the receive count of their delivery, and the store
           refuses them (StaleAck) unless it is still the live one: a process that was paused
           past its deadline or its lease cannot remove a message delivered again meanwhile.

@@ -311,3 +311,21 @@ def test_sigkill_right_after_acks_with_next_get_through_a_server_loses_nothing(t
                 q.get(timeout=0.2)
     finally:
         srv.stop()
+
+
+def test_an_explicit_durable_ack_mode_and_ack_with_next_get_are_refused_together():
+    """ack_with_next_get=True makes an ack return at once; an explicit acks='durable' says
+    the opposite, so the pair is refused rather than one silently overriding the other."""
+    for path in ("zeo://127.0.0.1:9", "http://127.0.0.1:9/"):
+        with pytest.raises(ValueError, match="contradicts ack_with_next_get"):
+            AckQueue(path=path, acks="durable", ack_with_next_get=True)
+    q = AckQueue(acks="durable")                    # alone, as before
+    try:
+        assert q.acks == "durable"
+    finally:
+        q.close()
+    q = AckQueue()                                  # the default is durable
+    try:
+        assert q.acks == "durable"
+    finally:
+        q.close()
