@@ -479,14 +479,18 @@ class AckQueue(_stdlib_queue.Queue):
         attributes, dedup_window), validated once, for put_many(options=...)."""
         return self._put_options(priority, delay, retention, attributes, dedup_window)
 
-    def receive_policy(self, max_receives, dead_letter=None):
+    def receive_policy(self, max_receives, dead_letter=None, *, to_itself=False):
         """The receive rules of a get, as AckQueue's max_receives and dead_letter give
         them (a message received max_receives times goes to the queue named dead_letter,
         or is dropped without one), for a connection's get_many(policy=...); None when
-        max_receives is None (no rule)."""
+        max_receives is None (no rule).
+
+        dead_letter must name another queue, unless to_itself=True: then it may name
+        this one, as an SQS redrive policy may (the SQS front), and such a message goes
+        to the back of this queue as a new message."""
         max_receives = _max_receives(max_receives)
         if dead_letter is not None and (not isinstance(dead_letter, str) or not dead_letter
-                                        or dead_letter == self.name):
+                                        or (dead_letter == self.name and not to_itself)):
             raise ValueError("dead_letter must name another queue of this storage")
         return self._dead_letter_policy(max_receives, dead_letter)
 

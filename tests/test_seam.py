@@ -493,6 +493,28 @@ def test_receive_policy_is_the_rule_a_get_applies(where):
             dead.task_done()
 
 
+def test_a_receive_policy_may_send_a_message_to_the_back_of_its_own_queue(where):
+    """As an SQS redrive policy may name the queue itself (the SQS front asks for it):
+    the message received max_receives times goes to the back as a new message (its
+    receive count kept, as a dead-letter queue's)."""
+    with AckQueue(path=where, name="rp") as q:
+        policy = q.receive_policy(1, "rp", to_itself=True)
+        conn = q.connect(thread_bound=False)
+        q.put_many(["poison", "next"])
+        [m] = conn.get_many(1, block=False, messages=True, policy=policy)
+        assert m.body == "poison"
+        conn.nack(m)          # received once: the next receive moves it to the back
+        got = conn.get_many(2, block=False, messages=True, policy=policy)
+        assert [g.body for g in got] == ["next"]
+        again = conn.get_many(1, timeout=WAIT, messages=True)
+        assert [g.body for g in again] == ["poison"]
+        assert again[0].id != m.id and again[0].dead_letter_source == "rp"
+        for message in got + again:
+            conn.ack(message)
+        conn.close()
+        assert q.qsize() == 0
+
+
 def test_kind_says_how_the_queue_orders(tmp_path):
     for cls, kind in ((AckQueue, "fifo"), (AckLifoQueue, "lifo"), (AckPriorityQueue, "value")):
         with cls(path=str(tmp_path / f"{kind}.fs")) as q:

@@ -131,10 +131,8 @@ class SqsFront:
         if count is None:
             return None
         # SQS accepts a redrive policy that names the queue itself, which AckQueue's own
-        # dead_letter= (and receive_policy) refuse: such a policy keeps SQS's behaviour
-        # through the front's rule object directly.
-        return (q._dead_letter_policy(count, dlq) if dlq == q.name
-                else q.receive_policy(count, dlq))
+        # dead_letter= refuses: receive_policy takes it when told so.
+        return q.receive_policy(count, dlq, to_itself=True)
 
     # -- receipts ----------------------------------------------------------------------------
 
