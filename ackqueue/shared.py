@@ -23,9 +23,11 @@ the threads waiting.
           here, claimed under this process's lease, for the next gets, which then make no
           round trip.  The batch doubles (1, 2, 4, ... N) each time the previous one was
           all received, and is back to 1 when another process won part of one (consumers
-          racing for a short queue).  A message no get here receives within PREFETCH_IDLE
-          seconds (or a tenth of its visibility timeout) goes back to its place with an
-          Unclaim, which also undoes its receive count, and the batch starts again at 1.
+          racing for a short queue; to 2 with prefetch_wait, whose wait keeps the loser
+          from claiming each new put alone).  A message no get here receives within
+          PREFETCH_IDLE seconds (or a tenth of its visibility timeout) goes back to its
+          place with an Unclaim, which also undoes its receive count, and the batch
+          starts again at 1.
           With prefetch_wait=S, a get that finds fewer ready than its batch waits up to S
           seconds (never past its own timeout; a get that must not block, not at all) for
           more to be put, as Kafka's fetch.max.wait.ms does: a consumer that keeps up,
@@ -427,8 +429,15 @@ class SharedArbiter:
                 self._ahead[h.seq] = _AheadInfo(terms, now, first, msg.last_received)
             # Another process took some of the batch: consumers are racing for a short
             # queue, where batches only collide; claim one at a time until a batch of one
-            # was received in full again.
-            self._window = 1 if len(won) < len(picks) else min(count * 2, ask.prefetch)
+            # was received in full again.  With prefetch_wait, two at a time, with the
+            # wait: a loser that went back to one message per commit claimed each new put
+            # at once, alone, and raced the winner's next batch for it (two consumer
+            # processes, ten interleaved pairs of runs: 2.64 -> 2.40 round trips per item
+            # in the consumers, medians).
+            if len(won) == len(picks):
+                self._window = min(count * 2, ask.prefetch)
+            else:
+                self._window = 2 if ask.prefetch_wait else 1
             return [self._hand_over(won[0], ask.holder)]
 
     def _wait_for_batch(self, front, ask, count, picks):

@@ -337,3 +337,82 @@ def test_a_batch_wait_reads_the_store_once_enough_puts_have_come(server):
         assert rest == ["b", "c", "d"]
         q.ack_many(rest)
         assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+
+
+RIVAL = """
+import sys
+from ackqueue import AckQueue
+with AckQueue(path=sys.argv[1], name="lost") as q:
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "get":
+            item = q.get(timeout=30)
+            print(item, flush=True)
+            q.ack(item)
+        else:
+            break
+"""
+
+
+def test_after_a_partly_lost_batch_a_waiting_consumer_still_waits_for_two(server):
+    """Another process takes part of a batch: without prefetch_wait the next claim takes
+    one message at once; with it, the next get still waits for a batch of two (claiming
+    each new message alone only raced the other consumer's next batch for it)."""
+    rival = spawn(RIVAL, server.url)
+    try:
+        assert read_line(rival) == "ready"
+        with AckQueue(path=server.url, name="lost", prefetch=8, prefetch_wait=WAIT) as q:
+            _partly_lost_then_waits_for_two(q, rival)
+        rival.stdin.write("stop\n")
+        rival.stdin.flush()
+        assert rival.wait(WAIT) == 0
+    finally:
+        kill(rival)
+
+
+def _partly_lost_then_waits_for_two(q, rival):
+    q.put("warm-up")
+    q.ack(q.get(timeout=WAIT))             # a batch of 1: the next one may take 2
+    q.put_many(["a", "b"])
+    arbiter = q._state.arbiter
+    claim_picks = arbiter._claim_picks
+
+    def rival_first(*args):                # the rival claims "a" between the pick and the claim
+        arbiter._claim_picks = claim_picks
+        rival.stdin.write("get\n")
+        rival.stdin.flush()
+        assert read_line(rival) == "a"
+        return claim_picks(*args)
+    arbiter._claim_picks = rival_first
+    b = q.get(timeout=WAIT)
+    assert b == "b"                         # "a" was lost: a partly lost batch
+    q.ack(b)
+    q.put("c")
+    got, checked = [], threading.Event()
+
+    def consume():
+        got.append(q.get(timeout=WAIT))
+        checked.wait(WAIT)
+        q.ack(got[0])
+
+    getter = threading.Thread(target=consume)
+    getter.start()
+    for _ in range(3000):                   # until the get waits for a second message
+        if _waiting_for_a_batch(q) or got:
+            break
+        getter.join(0.01)
+    assert _waiting_for_a_batch(q) and not got, "the get waits for a batch of two"
+    before = claim_commits(q)
+    q.put("d")
+    for _ in range(3000):
+        if got:
+            break
+        getter.join(0.01)
+    assert got == ["c"]
+    d = q.get(timeout=WAIT)                 # claimed with "c"
+    assert d == "d"
+    assert claim_commits(q) - before <= 3, "the put, one claim commit (and a lease beat)"
+    checked.set()
+    getter.join(WAIT)
+    q.ack(d)
+    assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
