@@ -249,34 +249,42 @@ def test_a_get_that_keeps_up_waits_for_a_batch_with_prefetch_wait(server):
         producer.put("warm-up")
         q.ack(q.get(timeout=WAIT))         # a batch of 1: the next one may take 2
         producer.put("a")
-        got, checked = [], threading.Event()
+        _waits_then_claims_two(q, lambda: producer.put("b"), "a", "b",
+                               "one claim commit (and a lease beat)", 2)
 
-        def consume():
-            got.append(q.get(timeout=WAIT))
-            checked.wait(WAIT)
-            q.ack(got[0])                   # in its own thread: its end would give it back
 
-        getter = threading.Thread(target=consume)
-        getter.start()
-        for _ in range(3000):               # until the get waits for a second message
-            if _waiting_for_a_batch(q):
-                break
-            getter.join(0.01)
-        assert _waiting_for_a_batch(q) and not got, "the get waits for a batch"
-        before = claim_commits(q)
-        producer.put("b")
-        for _ in range(3000):
-            if got:
-                break
-            getter.join(0.01)
-        assert got == ["a"]
-        b = q.get(timeout=WAIT)             # claimed with "a", in one commit
-        assert b == "b"
-        assert claim_commits(q) - before <= 2, "one claim commit (and a lease beat)"
-        checked.set()
-        getter.join(WAIT)
-        q.ack(b)
-        assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+def _waits_then_claims_two(q, put_second, first, second, commits_why, most_commits):
+    """A get of q, with first ready and a batch of two to claim, waits for a second
+    message; put_second() puts it; the get returns first, and second was claimed with it
+    in one commit (at most most_commits commits of q's, commits_why says which)."""
+    got, checked = [], threading.Event()
+
+    def consume():
+        got.append(q.get(timeout=WAIT))
+        checked.wait(WAIT)
+        q.ack(got[0])                       # in its own thread: its end would give it back
+
+    getter = threading.Thread(target=consume)
+    getter.start()
+    for _ in range(3000):                   # until the get waits for a second message
+        if _waiting_for_a_batch(q) or got:
+            break
+        getter.join(0.01)
+    assert _waiting_for_a_batch(q) and not got, "the get waits for a batch"
+    before = claim_commits(q)
+    put_second()
+    for _ in range(3000):
+        if got:
+            break
+        getter.join(0.01)
+    assert got == [first]
+    item = q.get(timeout=WAIT)              # claimed with the first, in one commit
+    assert item == second
+    assert claim_commits(q) - before <= most_commits, commits_why
+    checked.set()
+    getter.join(WAIT)
+    q.ack(item)
+    assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
 
 
 def test_prefetch_wait_never_outlasts_the_get(server):
@@ -388,31 +396,5 @@ def _partly_lost_then_waits_for_two(q, rival):
     assert b == "b"                         # "a" was lost: a partly lost batch
     q.ack(b)
     q.put("c")
-    got, checked = [], threading.Event()
-
-    def consume():
-        got.append(q.get(timeout=WAIT))
-        checked.wait(WAIT)
-        q.ack(got[0])
-
-    getter = threading.Thread(target=consume)
-    getter.start()
-    for _ in range(3000):                   # until the get waits for a second message
-        if _waiting_for_a_batch(q) or got:
-            break
-        getter.join(0.01)
-    assert _waiting_for_a_batch(q) and not got, "the get waits for a batch of two"
-    before = claim_commits(q)
-    q.put("d")
-    for _ in range(3000):
-        if got:
-            break
-        getter.join(0.01)
-    assert got == ["c"]
-    d = q.get(timeout=WAIT)                 # claimed with "c"
-    assert d == "d"
-    assert claim_commits(q) - before <= 3, "the put, one claim commit (and a lease beat)"
-    checked.set()
-    getter.join(WAIT)
-    q.ack(d)
-    assert q.counts() == {"ready": 0, "in_flight": 0, "delayed": 0}
+    _waits_then_claims_two(q, lambda: q.put("d"), "c", "d",
+                           "the put, one claim commit (and a lease beat)", 3)
