@@ -108,13 +108,19 @@ class PutTokens:
     put in five in 2 producer processes)."""
 
     def __init__(self):
-        self._pid = None
+        self._pid, self._pair = None, None
 
     def next(self):
-        pid = os.getpid()
-        if pid != self._pid:
-            self._prefix, self._count, self._pid = os.urandom(8), itertools.count(), pid
-        return self._prefix + next(self._count).to_bytes(8, "big")
+        # A prefix and its counter are made, read and replaced together (one tuple), so
+        # that two threads that both make a pair at once (the first puts, or the first
+        # after a fork) each number from their own prefix: a token is never made twice,
+        # which would make the store take the second put for a retry of the first.
+        pid, pair = os.getpid(), self._pair
+        if pid != self._pid or pair is None:
+            pair = (os.urandom(8), itertools.count())
+            self._pair, self._pid = pair, pid
+        prefix, count = pair
+        return prefix + next(count).to_bytes(8, "big")
 
 
 def _patience(info):

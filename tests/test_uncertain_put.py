@@ -75,3 +75,4 @@ def test_put_tokens_are_unique_across_processes_and_ascend_within_one():
     os.waitpid(pid, 0)
     assert len(child) == 16 and child[:8] != mine[0][:8], "a forked child makes its own prefix"
     assert tokens.next()[:8] == mine[0][:8]
+
