@@ -466,16 +466,15 @@ class SharedArbiter:
             remaining = end - monotonic()
             if remaining > 0.0:
                 state.not_empty.wait(remaining)     # woken by puts here and other processes'
-                if (state.ready_signals - seen < count - len(picks)
-                        and monotonic() < end and not front.is_shutdown):
-                    continue                        # too few signals to fill the batch yet
-            if state.ready_signals == seen:
-                break                               # the end, and nothing new since the last look
-            seen = state.ready_signals
-            state.expire_due()
-            self._await_returns()               # read this process's own give-backs
-            picks = self._picks_spread(count)
-            if remaining <= 0.0:
+            last = monotonic() >= end or front.is_shutdown
+            if not last and state.ready_signals - seen < count - len(picks):
+                continue                            # too few signals to fill the batch yet
+            if state.ready_signals != seen:         # something came since the last look
+                seen = state.ready_signals
+                state.expire_due()
+                self._await_returns()               # read this process's own give-backs
+                picks = self._picks_spread(count)
+            if last:
                 break
         return picks
 
