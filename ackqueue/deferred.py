@@ -38,9 +38,15 @@ NEXT_GET_WINDOW = 0.05      # seconds an ack_with_next_get ack waits for a commi
                             # through a server (the queue service's drop-in waits as long)
 
 
-def check_acks(value, remote_url):
+def check_acks(value, remote_url, ack_with_next_get=False):
     """Validate AckQueue's acks= option (None: "durable", the default) and return the
-    mode; remote_url: the queue is reached over http."""
+    mode; remote_url: the queue is reached over http; ack_with_next_get: that option's
+    (checked) value, which an explicit "durable" contradicts."""
+    if value == "durable" and ack_with_next_get:
+        raise ValueError(
+            "acks='durable' (an ack returns once it is durable) contradicts "
+            "ack_with_next_get=True (an ack returns at once and travels with the next "
+            "get): pass one or the other")
     if value is None:
         return "durable"
     if value not in ACK_MODES:

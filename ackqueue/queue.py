@@ -297,12 +297,7 @@ class AckQueue(_stdlib_queue.Queue):
         self._clock = clock = clock or time.time
         through_service = remote.is_url(path)
         self.ack_with_next_get = remote.check_ack_with_next_get(ack_with_next_get)
-        if self.ack_with_next_get and acks == "durable":
-            raise ValueError(
-                "acks='durable' (an ack returns once it is durable) contradicts "
-                "ack_with_next_get=True (an ack returns at once and travels with the next "
-                "get): pass one or the other")
-        self.acks = deferred.check_acks(acks, through_service)
+        self.acks = deferred.check_acks(acks, through_service, self.ack_with_next_get)
         # The longest a deferred ack waits for a commit to ride on (None: the committer's
         # few ms); through a server, ack_with_next_get waits for the next get's claim.
         self.ack_window = None
