@@ -75,6 +75,35 @@ def test_many_threads_leading_at_once_all_settle_and_group(committer):
     assert committer.commits <= committer.units
 
 
+def test_a_group_of_several_units_yields_the_gil_before_the_next_commit(committer,
+                                                                         monkeypatch):
+    """The threads a group commit woke get the GIL before the committer starts the next
+    commit (time.sleep(0)), so that their next units can join it; a group of one unit,
+    a thread working alone, does not pay for that."""
+    import ackqueue.commit as commit_module
+    sleeps = []
+    real_time = commit_module.time
+
+    class _Time:
+        def __getattr__(self, name):
+            return getattr(real_time, name)
+
+        def sleep(self, seconds):
+            sleeps.append(seconds)
+            real_time.sleep(seconds)
+
+    monkeypatch.setattr(commit_module, "time", _Time())
+    alone = committer.submit([store.Compact("q")], lead=True)
+    assert alone.wait(BOUND)
+    assert sleeps == [] and committer.commits == 1
+    with committer._baton:              # both units wait for the baton: one group
+        pair = [committer.submit([store.Compact("q")]) for _ in range(2)]
+    for ticket in pair:
+        assert ticket.wait(BOUND)
+    assert committer.commits == 2
+    assert sleeps == [0]
+
+
 def test_close_commits_what_is_pending_and_refuses_more(committer):
     tickets = [committer.submit([store.Compact("q")], lead=True) for _ in range(3)]
     committer.close()
