@@ -1,0 +1,76 @@
+"""One scenario, run in turn in several ackqueue trees: how to tell a change from the
+drift of a shared machine.
+
+    python -m benchmarks.interleaved --scenario c --rounds 9 TREE [TREE ...]
+
+Each TREE is a directory holding an ackqueue checkout (e.g. a git worktree of the revision
+to measure); ``lean`` stands for the lean ZODB queue, run from the first tree.  A round
+runs the suite itself (``python -m benchmarks --scenario S --repeat 1 --contender C``) once
+in each tree, one after the other, with the tree as the working directory so that its
+ackqueue is the one imported; the rounds repeat.  Printed for each tree: its runs, their
+median, and the median of its ratios to the first tree's run of the same round.  A slow
+spell then falls on every tree of a round alike, which separate runs minutes apart do not
+promise (the rule own_cost.cpu follows too).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from benchmarks import scenarios
+
+
+def _metric(key):
+    """The column a scenario's ratios are quoted in (its last: the full cycle, or its
+    only one); the table scenarios (a)-(e) only."""
+    if key not in scenarios.TABLE:
+        raise SystemExit(f"scenario {key!r}: only {', '.join(scenarios.TABLE)} run here")
+    return scenarios.TABLE[key].COLUMNS[-1][0]
+
+
+def run_once(tree, key, contender):
+    """The metric of one run of scenario key by contender in tree."""
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([sys.executable, "-m", "benchmarks", "--scenario", key,
+                        "--repeat", "1", "--contender", contender, "--out", out],
+                       cwd=tree, check=True, capture_output=True, text=True)
+        with open(os.path.join(out, "results.json")) as f:
+            results = json.load(f)["scenarios"][key]["results"]
+    (only,) = results.values()
+    return only["runs"][0]["metrics"][_metric(key)]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scenario", default="c")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--contender", default="ackqueue",
+                   help="the contender run in every tree but 'lean' (default %(default)s)")
+    p.add_argument("trees", nargs="+")
+    args = p.parse_args(argv)
+    _metric(args.scenario)
+    first = next((t for t in args.trees if t != "lean"), None)
+    if first is None:
+        p.error("name at least one tree")
+    runs = {tree: [] for tree in args.trees}
+    for _ in range(args.rounds):
+        for tree in args.trees:
+            if tree == "lean":
+                runs[tree].append(run_once(first, args.scenario, "lean"))
+            else:
+                runs[tree].append(run_once(tree, args.scenario, args.contender))
+    base = runs[args.trees[0]]
+    print(f"scenario ({args.scenario}), {_metric(args.scenario)}, {args.rounds} rounds; "
+          f"ratios to {args.trees[0]}")
+    for tree, values in runs.items():
+        ratios = [mine / theirs for mine, theirs in zip(values, base)]
+        print(f"  {tree:40s} median {statistics.median(values):10,.0f}   "
+              f"ratio {statistics.median(ratios):.3f}   runs "
+              + ", ".join(f"{v:,.0f}" for v in values))
+
+
+if __name__ == "__main__":
+    main()
