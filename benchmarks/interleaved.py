@@ -6,11 +6,12 @@ drift of a shared machine.
 Each TREE is a directory holding an ackqueue checkout (e.g. a git worktree of the revision
 to measure); ``lean`` stands for the lean ZODB queue, run from the first tree.  A round
 runs the suite itself (``python -m benchmarks --scenario S --repeat 1 --contender C``) once
-in each tree, one after the other, with the tree as the working directory so that its
-ackqueue is the one imported; the rounds repeat.  Printed for each tree: its runs, their
-median, and the median of its ratios to the first tree's run of the same round.  A slow
-spell then falls on every tree of a round alike, which separate runs minutes apart do not
-promise (the rule own_cost.cpu follows too).
+in each tree, one after the other, with the tree as the working directory and first on
+PYTHONPATH, so that its ackqueue is the one imported, by the servers the suite starts too;
+the rounds repeat.  Printed for each tree: its runs, their median, and the median of its
+ratios to the first tree's run of the same round.  A slow spell then falls on every tree
+of a round alike, which separate runs minutes apart do not promise (the rule own_cost.cpu
+follows too).
 """
 import argparse
 import json
@@ -31,12 +32,22 @@ def _metric(key):
     return scenarios.TABLE[key].COLUMNS[-1][0]
 
 
+def _env_for(tree):
+    """This environment with tree first on PYTHONPATH: the processes the suite starts by
+    the ackqueue console script (a ZEO server, the service) then import the tree's
+    ackqueue too, not the one installed (for a worktree of another revision, not the one
+    measured)."""
+    path = [os.path.abspath(tree)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
 def run_once(tree, key, contender):
     """The metric of one run of scenario key by contender in tree."""
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([sys.executable, "-m", "benchmarks", "--scenario", key,
                         "--repeat", "1", "--contender", contender, "--out", out],
-                       cwd=tree, check=True, capture_output=True, text=True)
+                       cwd=tree, check=True, capture_output=True, text=True,
+                       env=_env_for(tree))
         with open(os.path.join(out, "results.json")) as f:
             results = json.load(f)["scenarios"][key]["results"]
     (only,) = results.values()
@@ -67,9 +78,14 @@ def main(argv=None):
           f"ratios to {args.trees[0]}")
     for tree, values in runs.items():
         ratios = [mine / theirs for mine, theirs in zip(values, base)]
-        print(f"  {tree:40s} median {statistics.median(values):10,.0f}   "
+        print(f"  {tree:40s} median {_shown(statistics.median(values)):>10s}   "
               f"ratio {statistics.median(ratios):.3f}   runs "
-              + ", ".join(f"{v:,.0f}" for v in values))
+              + ", ".join(map(_shown, values)))
+
+
+def _shown(value):
+    """A rate as an integer, a latency in ms with its decimals."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3f}"
 
 
 if __name__ == "__main__":
