@@ -75,11 +75,10 @@ def test_many_threads_leading_at_once_all_settle_and_group(committer):
     assert committer.commits <= committer.units
 
 
-def test_a_group_of_several_units_yields_the_gil_before_the_next_commit(committer,
-                                                                         monkeypatch):
+def test_a_group_that_several_threads_wait_for_yields_the_gil(committer, monkeypatch):
     """The threads a group commit woke get the GIL before the committer starts the next
-    commit (time.sleep(0)), so that their next units can join it; a group of one unit,
-    a thread working alone, does not pay for that."""
+    commit (time.sleep(0)), so that their next units can join it.  A group of one durable
+    unit (a thread working alone), or of units no thread waits on, does not pay for that."""
     import ackqueue.commit as commit_module
     sleeps = []
     real_time = commit_module.time
@@ -97,10 +96,15 @@ def test_a_group_of_several_units_yields_the_gil_before_the_next_commit(committe
     assert alone.wait(BOUND)
     assert sleeps == [] and committer.commits == 1
     with committer._baton:              # both units wait for the baton: one group
-        pair = [committer.submit([store.Compact("q")]) for _ in range(2)]
-    for ticket in pair:
+        unwaited = [committer.submit([store.Compact("q")]) for _ in range(2)]
+    for ticket in unwaited:
         assert ticket.wait(BOUND)
-    assert committer.commits == 2
+    assert sleeps == [] and committer.commits == 2
+    with committer._baton:
+        waited = [committer.submit([store.Compact("q")], lead=True) for _ in range(2)]
+    for ticket in waited:
+        assert ticket.wait(BOUND)
+    assert committer.commits == 3
     assert sleeps == [0]
 
 
