@@ -20,7 +20,9 @@ thread works alone.  When several threads are at work the committer thread commi
 before, because its wake-up delay is what lets their units gather into one commit.  A
 caller that finds the baton busy just waits: whoever releases the baton with units still
 pending wakes the thread, which also commits the units nobody waits for (deliveries,
-give-backs).  The connection is used by one baton holder at a time.
+give-backs).  After a group that several threads waited for, the baton holder yields the
+GIL before it commits again, so that their next units join that commit.  The connection
+is used by one baton holder at a time.
 
 A unit whose operations fail to apply, or a commit that fails for a reason other than a
 write conflict, is retried alone so that one bad unit cannot fail its neighbours.  Write
