@@ -231,3 +231,13 @@ SHARED_BATCHES = SharedContender(
     "(Kafka's fetch.max.wait.ms), so a consumer that keeps up claims batches",
     start_server, _opener(prefetch=8, ack_with_next_get=True, prefetch_wait=0.02),
     scenarios=("g",))
+
+SHARED_WIDE_BATCHES = SharedContender(
+    "ackqueue-zeo-batches16",
+    "ackqueue (zeo, prefetch 16, ack with next get, 100 ms batches)", "ackqueue", "blocking",
+    "as ackqueue (zeo, prefetch 8, ack with next get, 20 ms batches), with batches of up to "
+    "16 and prefetch_wait=0.1: a get waits up to 100 ms for its batch to fill (Kafka's "
+    "fetch.max.wait.ms is 500 ms by default), so that a consumer that keeps up claims more "
+    "messages per commit, at the price of up to 100 ms of latency when the queue runs dry",
+    start_server, _opener(prefetch=16, ack_with_next_get=True, prefetch_wait=0.1),
+    scenarios=("g",))
