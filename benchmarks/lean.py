@@ -30,8 +30,23 @@ this writes two; batches write the same records as before.  A batch whose keys a
 one run, as ackqueue's does.  Where ackqueue writes the ready set's segments (a full
 journal folded, a batch of more than JOURNAL_BATCH keys that is not one run) it writes
 nothing: it is, if anything, faster than that layout allows.
+
+With guarded=True it does, at the lean queue's Python, the least that ackqueue's
+guarantees add to each message in (a)-(d), and nothing else (issue 28 point 1: is 0.9x the
+lean queue within reach of a queue that keeps them?):
+- each message is stored with what a get reports and expiry needs, as ackqueue's message
+  index stores it (segments.Msg): (body, priority, put time, receive count 0, None, None,
+  None, expiry time at the default retention), not the body alone;
+- a get records the delivery (a _Delivery: seq, token, holding thread, receive count, the
+  item) where ackqueue finds it again: by seq (in flight), by thread (given back when the
+  thread ends) and by the item's identity (ack(item) and task_done() take the item, not a
+  handle);
+- an ack finds the delivery by the item's identity and removes it from all three.
+It keeps no counts (counted=True measures those), no deadlines (none by default), no
+ready index, and gives nothing back: the bookkeeping is kept, not used.
 """
 import collections
+import itertools
 import pickle
 import threading
 import time
@@ -46,6 +61,8 @@ __all__ = ["LeanZodbQueue"]
 
 SEGMENT_BITS = 4            # 16 messages per segment, as ackqueue's message index
 LEAD_QUIET = 0.001          # as ackqueue.commit: lead only if alone for this long
+PRIORITY = 100              # guarded=True: ackqueue's default priority
+RETENTION = 4 * 86400.0     # guarded=True: ackqueue's default retention (store.py)
 
 
 class _Segment(Persistent):
@@ -61,6 +78,15 @@ class _Segment(Persistent):
         self.data = pickle.loads(state)
 
 
+class _Delivery:
+    """guarded=True: one delivery of one message (ackqueue.state.Holding's least)."""
+    __slots__ = ("seq", "token", "holder", "receive_count", "item")
+
+    def __init__(self, seq, token, holder, item):
+        self.seq, self.token, self.holder, self.item = seq, token, holder, item
+        self.receive_count = 1
+
+
 class _Unit:
     __slots__ = ("puts", "acks", "done")
 
@@ -72,7 +98,7 @@ class _Unit:
 class LeanZodbQueue:
     """put / get(timeout) / ack(handle) / put_many / ack_many over one FileStorage file."""
 
-    def __init__(self, path, counted=False):
+    def __init__(self, path, counted=False, guarded=False):
         self._db = DB(FileStorage(path))
         self._tm = transaction.TransactionManager(explicit=True)
         self._conn = self._db.open(transaction_manager=self._tm)
@@ -84,6 +110,11 @@ class LeanZodbQueue:
                 from ackqueue.store import Counters
                 self._counters = self._conn.root()["lean.counters"] = Counters()
                 self._journal_batch = JOURNAL_BATCH
+        self._guarded = guarded
+        self._inflight = {}                     # guarded: seq -> _Delivery
+        self._held_by = {}                      # guarded: thread id -> {seq: _Delivery}
+        self._by_item = {}                      # guarded: id(item) -> _Delivery
+        self._tokens = itertools.count()
         self._mutex = threading.Lock()
         self._not_empty = threading.Condition(self._mutex)
         self._ready = collections.deque()       # (seq, pickled item), committed puts
@@ -106,6 +137,10 @@ class LeanZodbQueue:
 
     def put_many(self, items):
         bodies = [pickle.dumps(item, protocol=4) for item in items]
+        if self._guarded:
+            now = time.time()
+            tail = (PRIORITY, now, 0, None, None, None, now + RETENTION)
+            bodies = [(body,) + tail for body in bodies]
         with self._mutex:
             first = self._next_seq
             self._next_seq += len(bodies)
@@ -118,6 +153,8 @@ class LeanZodbQueue:
             if not self._not_empty.wait_for(lambda: self._ready, timeout):
                 return None
             seq, body = self._ready.popleft()
+            if self._guarded:
+                return self._deliver(seq, body)
         return seq, pickle.loads(body)
 
     def get_many(self, n, timeout):
@@ -127,12 +164,36 @@ class LeanZodbQueue:
             return []
         with self._mutex:
             more = [self._ready.popleft() for _ in range(min(n - 1, len(self._ready)))]
+            if self._guarded:
+                return [first] + [self._deliver(seq, body) for seq, body in more]
         return [first] + [(seq, pickle.loads(body)) for seq, body in more]
+
+    def _deliver(self, seq, stored):
+        """guarded: record the delivery of message seq (mutex held); its handle."""
+        item = pickle.loads(stored[0])
+        holder = threading.get_ident()
+        delivery = _Delivery(seq, next(self._tokens), holder, item)
+        self._inflight[seq] = delivery
+        held = self._held_by.get(holder)
+        if held is None:
+            held = self._held_by[holder] = {}
+        held[seq] = delivery
+        self._by_item[id(item)] = delivery
+        return seq, item
 
     def ack(self, handle):
         self.ack_many([handle])
 
     def ack_many(self, handles):
+        if self._guarded:
+            # By the item's identity, as ackqueue's ack(item): the handle's seq unused.
+            with self._mutex:
+                deliveries = [self._by_item.pop(id(item)) for _, item in handles]
+                for delivery in deliveries:
+                    del self._inflight[delivery.seq]
+                    del self._held_by[delivery.holder][delivery.seq]
+            self._commit_and_wait(_Unit(acks=[d.seq for d in deliveries]))
+            return
         self._commit_and_wait(_Unit(acks=[seq for seq, _ in handles]))
 
     def close(self):

@@ -27,6 +27,7 @@ def _contenders():
         ackqueue.DEFERRED,        # acks="deferred" (issue 28 point 3)
         lean.CONTENDER,
         lean.COUNTED,             # a floor: the lean queue writing Counters (issue 28.1)
+        lean.GUARDED,             # a floor: the lean queue keeping delivery records (28.1)
         ackqueue_floor.CONTENDER,  # a floor: no ready/counter writes (issue 28.1)
         ackqueue.MEMORY,
         ackqueue.OS,              # measured once AckQueue has durability= (issue 5)
@@ -64,8 +65,8 @@ def _shared():
 # one part of ackqueue beside it (the ready/counter writes, the expiry index) or the floor
 # under a target (the lean queue shared through ZEO, issue 28 point 4), not a library a
 # user would pick, and together they made a full run twice as long.
-OPT_IN = ("ackqueue-floor", "lean-counted", "ackqueue-noexpiry", "ackqueue-os-noexpiry",
-          "lean-zeo", "lean-zeo-fast")
+OPT_IN = ("ackqueue-floor", "lean-counted", "lean-guarded", "ackqueue-noexpiry",
+          "ackqueue-os-noexpiry", "lean-zeo", "lean-zeo-fast")
 
 
 def all_ids():

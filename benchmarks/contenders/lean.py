@@ -80,3 +80,24 @@ COUNTED = Contender(
     "store formats 5 and 6 did (since format 7 a put or an ack of one message writes the "
     "Counters alone); every commit fsync'd",
     family="lean")
+
+
+class LeanGuardedAdapter(LeanZodbAdapter):
+    """The lean queue doing the least that ackqueue's guarantees add per message (lean.py,
+    guarded=True: each message stored with its put time, priority and expiry; each
+    delivery recorded by seq, by thread and by the item; acks by the item): issue 28
+    point 1, how close to the lean queue a queue that keeps them can come."""
+
+    def __init__(self, directory):
+        from benchmarks import lean
+        self.q = lean.LeanZodbQueue(os.path.join(directory, "lean.fs"), guarded=True)
+
+
+GUARDED = Contender(
+    "lean-guarded", "ZODB lean + delivery records (floor)", LeanGuardedAdapter,
+    "a floor, not a product: the lean ZODB queue that also stores each message with its "
+    "put time, priority and expiry (as ackqueue's message index does) and records each "
+    "delivery by seq, by thread and by the item, acked by the item (what ackqueue's "
+    "deadlines, give-back, ack(item) and task_done need at the least); no counts; every "
+    "commit fsync'd",
+    family="lean")
