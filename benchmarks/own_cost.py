@@ -2,8 +2,10 @@
 
 For each of ackqueue (fsync), the lean queue (benchmarks/lean.py), the lean queue writing
 ackqueue's Counters in every commit (lean.py, counted=True) and ackqueue's floor
-(benchmarks/contenders/ackqueue_floor.py), in one thread on a fresh file: N puts, then N get+acks one at a time (scenario (a)), then the same in batches
-of 100 (scenario (d)).  It reports, per phase:
+(benchmarks/contenders/ackqueue_floor.py), and with --cpu and --instructions the lean
+queue keeping what ackqueue's guarantees add per message (lean.py, guarded=True), in one
+thread on a fresh file: N puts, then N get+acks one at a time (scenario (a)), then the
+same in batches of 100 (scenario (d)).  It reports, per phase:
 
 - records per commit, bytes per commit and the classes written, read back from the .fs
   with ZODB's FileStorage iterator (what the storage really stored);
@@ -135,10 +137,11 @@ class _Floor(_Ack):
 class _Lean:
     label = "ZODB lean (reference)"
     counted = False
+    guarded = False
 
     def __init__(self, path):
         from benchmarks.lean import LeanZodbQueue
-        self.q = LeanZodbQueue(path, counted=self.counted)
+        self.q = LeanZodbQueue(path, counted=self.counted, guarded=self.guarded)
 
     def put(self, item):
         self.q.put(item)
@@ -267,6 +270,11 @@ class _LeanCountedOS(_LeanOS):
     counted = True
 
 
+class _LeanGuardedOS(_LeanOS):
+    label = "ZODB lean + delivery records (no fsync)"
+    guarded = True
+
+
 class _FloorOS(_Floor):
     label = "floor (durability os)"
 
@@ -305,7 +313,8 @@ def cpu(kinds, n, reps):
 
 # --instructions: each phase that fills a queue, and the phase that empties it after.
 _PAIRS = (("put", "get+ack"), ("put_many(100)", "get_many+ack_many(100)"))
-_INSTRUCTION_KINDS = {"ackqueue": _AckOS, "lean": _LeanOS, "lean-counted": _LeanCountedOS}
+_INSTRUCTION_KINDS = {"ackqueue": _AckOS, "lean": _LeanOS, "lean-counted": _LeanCountedOS,
+                      "lean-guarded": _LeanGuardedOS}
 
 
 THREADS = "(c) 4+4 threads"     # the phase of --instructions that runs scenario (c)
@@ -406,7 +415,7 @@ def main(argv=None):
                 print(f"  {name:14s} {phase:28s} {count:12,.0f}{ratio}{extra}")
         return
     if args.cpu:
-        kinds = (_AckOS, _LeanOS, _LeanCountedOS, _FloorOS)
+        kinds = (_AckOS, _LeanOS, _LeanCountedOS, _LeanGuardedOS, _FloorOS)
         res = cpu(kinds, args.n, args.reps)
         lean = res[_LeanOS]
         for kind in kinds:
