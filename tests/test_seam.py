@@ -344,6 +344,7 @@ def test_an_ack_with_then_returns_at_once_and_is_durable_when_then_runs(tmp_path
     q = AckQueue(path=path)
     q.put_many(["a", "b"])
     a, b = q.get_message(), q.get_message()
+    assert (a.body, b.body) == ("a", "b")          # b stays in flight, never acked
     outcomes = Outcomes()
     q.ack_many([a], then=outcomes)
     assert outcomes.wait()[0][0] is None
