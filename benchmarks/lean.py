@@ -61,8 +61,6 @@ __all__ = ["LeanZodbQueue"]
 
 SEGMENT_BITS = 4            # 16 messages per segment, as ackqueue's message index
 LEAD_QUIET = 0.001          # as ackqueue.commit: lead only if alone for this long
-PRIORITY = 100              # guarded=True: ackqueue's default priority
-RETENTION = 4 * 86400.0     # guarded=True: ackqueue's default retention (store.py)
 
 
 class _Segment(Persistent):
@@ -111,6 +109,9 @@ class LeanZodbQueue:
                 self._counters = self._conn.root()["lean.counters"] = Counters()
                 self._journal_batch = JOURNAL_BATCH
         self._guarded = guarded
+        if guarded:                             # a message's defaults, as ackqueue's
+            from ackqueue.store import DEFAULT_PRIORITY, DEFAULT_RETENTION
+            self._priority, self._retention = DEFAULT_PRIORITY, DEFAULT_RETENTION
         self._inflight = {}                     # guarded: seq -> _Delivery
         self._held_by = {}                      # guarded: thread id -> {seq: _Delivery}
         self._by_item = {}                      # guarded: id(item) -> _Delivery
@@ -118,6 +119,7 @@ class LeanZodbQueue:
         self._mutex = threading.Lock()
         self._not_empty = threading.Condition(self._mutex)
         self._ready = collections.deque()       # (seq, pickled item), committed puts
+                                                # (guarded: (seq, the stored tuple))
         self._next_seq = 1
         self._cond = threading.Condition()      # guards _pending and the lead rule
         self._pending = []
@@ -139,7 +141,7 @@ class LeanZodbQueue:
         bodies = [pickle.dumps(item, protocol=4) for item in items]
         if self._guarded:
             now = time.time()
-            tail = (PRIORITY, now, 0, None, None, None, now + RETENTION)
+            tail = (self._priority, now, 0, None, None, None, now + self._retention)
             bodies = [(body,) + tail for body in bodies]
         with self._mutex:
             first = self._next_seq
