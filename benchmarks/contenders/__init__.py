@@ -50,7 +50,7 @@ def _shared():
         zeo.SHARED_FAST,
         zeo.SHARED_NEXT_GET,
         zeo.SHARED_BATCHES,
-        zeo.SHARED_WIDE_BATCHES,
+        zeo.SHARED_BATCHES16,
         lean_shared.SHARED,       # issue 28 point 4: the floor under it, (g) only
         lean_shared.SHARED_FAST,
         *persist_queue.shared_contenders(),

@@ -28,10 +28,11 @@ class LeanZodbAdapter(LeanDelegate):
     least a durable ack queue on ZODB does, as a reference for ackqueue."""
 
     batch_method = "put_many(items) (one commit), get_many(100), ack_many(items) (one commit)"
+    options = {}            # LeanZodbQueue's keywords (the floors below set theirs)
 
     def __init__(self, directory):
         from benchmarks import lean
-        self.q = lean.LeanZodbQueue(os.path.join(directory, "lean.fs"))
+        self.q = lean.LeanZodbQueue(os.path.join(directory, "lean.fs"), **self.options)
 
     def put_batch(self, items):
         self.q.put_many(items)
@@ -66,9 +67,7 @@ class LeanCountedAdapter(LeanZodbAdapter):
     counted=True): a floor for the layout of ackqueue's store formats 5 and 6, issue 28
     point 1 (since format 7 a one-at-a-time put or ack writes one record)."""
 
-    def __init__(self, directory):
-        from benchmarks import lean
-        self.q = lean.LeanZodbQueue(os.path.join(directory, "lean.fs"), counted=True)
+    options = {"counted": True}
 
 
 LEAN_COUNTED = "ZODB lean + Counters (floor)"
@@ -88,9 +87,7 @@ class LeanGuardedAdapter(LeanZodbAdapter):
     delivery recorded by seq, by thread and by the item; acks by the item): issue 28
     point 1, how close to the lean queue a queue that keeps them can come."""
 
-    def __init__(self, directory):
-        from benchmarks import lean
-        self.q = lean.LeanZodbQueue(os.path.join(directory, "lean.fs"), guarded=True)
+    options = {"guarded": True}
 
 
 GUARDED = Contender(

@@ -232,7 +232,7 @@ SHARED_BATCHES = SharedContender(
     start_server, _opener(prefetch=8, ack_with_next_get=True, prefetch_wait=0.02),
     scenarios=("g",))
 
-SHARED_WIDE_BATCHES = SharedContender(
+SHARED_BATCHES16 = SharedContender(
     "ackqueue-zeo-batches16",
     "ackqueue (zeo, prefetch 16, ack with next get, 100 ms batches)", "ackqueue", "blocking",
     "as ackqueue (zeo, prefetch 8, ack with next get, 20 ms batches), with batches of up to "
