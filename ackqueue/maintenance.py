@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 # The file stays within 256 MB of its live size, and a pack needs free disk only for the
 # live data.  Lower it for small disks; raise it for very busy queues with a big backlog.
 DEFAULT_AUTOPACK_BYTES = 256 * 1024 * 1024
-DEFAULT_CHECK_INTERVAL = 5.0    # seconds between size checks (os.stat of the file: cheap)
+DEFAULT_CHECK_INTERVAL = 5.0    # seconds between size checks (the storage's own count: cheap)
 # An automatic pack keeps the last minute of revisions: a reader or a server-side conflict
 # resolution never misses a revision it started from (see above), even with clocks between
 # a client and its server a little apart; a minute of traffic is little next to the
@@ -155,13 +155,11 @@ def _pack_storage(storage, t):
 
 
 def _file_size(storage):
-    """Bytes of the data file: a FileStorage's file, the server's (as it last reported), or
-    None (memory, or another kind of storage)."""
+    """Bytes of data in the file: a FileStorage's (where its last commit ends: a synced
+    queue file keeps zeros written past it, storage.SyncedFileStorage), the server's (as
+    it last reported), or None (memory, or another kind of storage)."""
     if isinstance(storage, FileStorage):
-        try:
-            return os.path.getsize(storage._file_name)
-        except OSError:     # an application's own pack (db=) is swapping the files
-            return None
+        return storage.getSize()
     if isinstance(storage, MappingStorage):
         return None
     size = getattr(storage, "getSize", None)

@@ -16,6 +16,7 @@ those getters are about to read, or, in an idle producer, what its next put will
 """
 import atexit
 import collections
+import contextlib
 import io
 import itertools
 import logging
@@ -33,7 +34,7 @@ import zc.lockfile
 from ZEO.ClientStorage import ClientStorage
 from ZEO.Exceptions import ClientDisconnected
 from ZODB.FileStorage import FileStorage
-from ZODB.FileStorage.FileStorage import FileStorageFormatError, TempFormatter
+from ZODB.FileStorage.FileStorage import FilePool, FileStorageFormatError, TempFormatter
 from ZODB.MappingStorage import MappingStorage
 from ZODB.POSException import ConflictError
 from ZODB.utils import p64, u64
@@ -55,6 +56,7 @@ WRITTEN_KEPT = 256  # objects this process wrote lately, remembered for the warm
 WARM_QUIET = 0.005  # seconds without a change before the warm prefetch runs
 WARM_AFTER_PUT = 10.0   # seconds after its latest put that a process keeps its objects warm
 SCRATCH_KEPT = 1 << 20  # bytes of a commit's in-memory scratch kept for the next commit
+AHEAD = 1 << 20         # bytes of zeros a synced queue file keeps written past its end
 
 _registry = {}                    # key -> Database
 _registry_lock = threading.Lock()
@@ -472,6 +474,124 @@ class WatchedFileStorage(MemoryScratchFileStorage):
             super()._save_index()
 
 
+_fdatasync = getattr(os, "fdatasync", os.fsync)    # macOS has no fdatasync
+
+
+class _FreshReadPool(FilePool):
+    """FileStorage's pool of read-only file objects, each lent with its read buffer emptied
+    (a seek to the end does that).  FileStorage counts on a read past the end of its data
+    coming back short, which a buffered reader never keeps; over zeros written ahead
+    (SyncedFileStorage) it would come back whole, and a later load in the same buffered
+    block would read those zeros where a commit has since written.  Commits cannot finish
+    while a file is lent (FilePool.write_lock), so one emptying per loan is enough."""
+
+    @contextlib.contextmanager
+    def get(self):
+        with super().get() as f:
+            f.seek(0, 2)
+            yield f
+
+
+class SyncedFileStorage(WatchedFileStorage):
+    """durability="fsync": every commit synced before it counts, into space written ahead.
+
+    FileStorage appends each commit and fsyncs it; a sync that also grows the file must
+    commit the file system's journal for the new size.  This storage keeps AHEAD bytes of
+    zeros written past the end of its last commit (topped up, and synced, when less than a
+    quarter is left), so a commit overwrites them and fdatasync writes the data alone, as
+    a database's write-ahead log reuses space it wrote before.  Durability does not depend
+    on the zeros: a commit larger than what is left grows the file, and fdatasync then
+    syncs its new size as well; only the speed does.
+
+    The zeros are never data, and never seen as data:
+    - close() cuts them off: a closed queue file is an ordinary FileStorage file, and its
+      .index says where it ends;
+    - after a crash they follow the last whole transaction, and the next open cuts them
+      (ackqueue.tail; zeros alone are not kept as a torn tail);
+    - pack() cuts them first, and commits append until the pack ends (ZODB's packer
+      reads the file to its end);
+    - FileStorage's readers are lent with their buffers emptied (_FreshReadPool).
+    A failure to write them (a full disk) is logged once and commits go on appending."""
+
+    _ahead_end = 0          # where the zeros written ahead end (0: none written yet)
+    _packs = 0              # packs running: no zeros while ZODB's packer reads the file
+    _ahead_failed = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        unused, self._files = self._files, _FreshReadPool(self._file_name)
+        unused.close()
+
+    def _finish_finish(self, tid):
+        # FileStorage._finish_finish with fdatasync for fsync, then the zeros topped up.
+        self._file.flush()
+        _fdatasync(self._file.fileno())
+        self._pos = self._nextpos
+        self._index.update(self._tindex)
+        self._ltid = tid
+        self._blob_tpc_finish()
+        if self._ahead_end - self._pos < AHEAD // 4 and not self._packs:
+            self._write_ahead()
+
+    def _write_ahead(self):
+        """Write AHEAD zeros at the end of the file (after any still unused) and sync them;
+        called under the commit lock, after a commit, so nothing else writes the file."""
+        start = None
+        try:
+            start = max(self._pos, os.fstat(self._file.fileno()).st_size)
+            self._file.seek(start)
+            self._file.write(_ZEROS)
+            self._file.flush()
+            _fdatasync(self._file.fileno())
+        except (OSError, ValueError) as exc:
+            # The commit before this is whole and synced; only zeros are lost.  Commits
+            # append from here (try again once another AHEAD bytes were committed).
+            self._ahead_end = self._pos + AHEAD
+            if start is not None:
+                try:
+                    self._file.truncate(start)
+                except (OSError, ValueError):
+                    pass
+            if not self._ahead_failed:
+                self._ahead_failed = True
+                log.warning("ackqueue: cannot write space ahead in queue file %r (%s); "
+                            "commits go on, each growing the file", self._file_name, exc)
+            return
+        self._ahead_end = start + AHEAD
+
+    def _cut_ahead(self):
+        """Cut the zeros off (the commit lock held, or no commit under way)."""
+        if self._is_read_only or getattr(self, "_file", None) is None:
+            return
+        try:
+            with self._lock:
+                if os.fstat(self._file.fileno()).st_size > self._pos:
+                    self._file.truncate(self._pos)
+        except (OSError, ValueError):         # closed already, or the file went away
+            pass
+        self._ahead_end = 0
+
+    def pack(self, t, referencesf, gc=None):
+        self._commit_lock.acquire()
+        try:
+            self._packs += 1
+            self._cut_ahead()
+        finally:
+            self._commit_lock.release()
+        try:
+            return super().pack(t, referencesf, gc)
+        finally:
+            self._packs -= 1
+            self._ahead_end = 0     # the next commit writes ahead in the packed file
+
+    def close(self):
+        self._cut_ahead()
+        super().close()
+
+
+_ZEROS = bytes(AHEAD)
+
+
 class OSDurableFileStorage(WatchedFileStorage):
     """A FileStorage whose commits are written to the operating system but not fsync'd:
     they survive the process (a crash, SIGKILL) but not the machine (power loss, an OS
@@ -514,7 +634,7 @@ def open_file_storage(path, durability="fsync", repair=False):
     if os.path.isdir(path):
         raise IsADirectoryError(f"queue path {path!r} is a directory, not a queue file")
     _check_regular(path)
-    cls = (WatchedFileStorage if check_durability(durability) == "fsync"
+    cls = (SyncedFileStorage if check_durability(durability) == "fsync"
            else OSDurableFileStorage)
     had_tmp = os.path.exists(path + ".tmp")
     if os.path.exists(path):

@@ -155,13 +155,36 @@ def _cut(path, f, pos, size, why):
     return kept
 
 
+def zeros_from(f, pos, size):
+    """Whether bytes pos..size of f are all zeros."""
+    f.seek(pos)
+    while pos < size:
+        chunk = f.read(min(size - pos, 1 << 20))
+        if not chunk or chunk.count(0) != len(chunk):
+            return False
+        pos += len(chunk)
+    return True
+
+
 def check_tail(path, repair=False):
     """Cut a torn tail off the FileStorage file path (call it holding the file's lock).
     Damage followed by whole transactions raises Damage, unless repair is true: then the
-    file is cut there too.  Returns the name of the file keeping the cut bytes, or None."""
+    file is cut there too.  Returns the name of the file keeping the cut bytes, or None.
+
+    Zeros alone after the last whole transaction are cut without being kept: they are
+    the space a synced queue file writes ahead of its commits (storage.SyncedFileStorage),
+    left by a process that did not close the file, and hold nothing."""
     with open(path, "r+b") as f:
         size, pos, why, after = _scan(path, f)
         if pos is None:
+            return None
+        if after is None and zeros_from(f, pos, size):
+            f.truncate(pos)
+            f.flush()
+            os.fsync(f.fileno())
+            log.info("ackqueue: queue file %r: cut the %d bytes of zeros after its last "
+                     "transaction (space written ahead by a process that did not close it)",
+                     path, size - pos)
             return None
         if after is not None and not repair:
             raise Damage(

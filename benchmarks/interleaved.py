@@ -4,9 +4,10 @@ drift of a shared machine.
     python -m benchmarks.interleaved --scenario c --rounds 9 TREE [TREE ...]
 
 Each TREE is a directory holding an ackqueue checkout (e.g. a git worktree of the revision
-to measure); ``lean`` stands for the lean ZODB queue, run from the first tree.  A round
-runs the suite itself (``python -m benchmarks --scenario S --repeat 1 --contender C``) once
-in each tree, one after the other, with the tree as the working directory and first on
+to measure); ``lean`` stands for the lean ZODB queue, and ``lean-synced`` (or another lean
+contender's id) for that contender, run from the first tree.  A round runs the suite
+itself (``python -m benchmarks --scenario S --repeat 1 --contender C``) once in each
+tree, one after the other, with the tree as the working directory and first on
 PYTHONPATH, so that its ackqueue is the one imported, by the servers the suite starts too;
 the rounds repeat.  Printed for each tree: its runs, their median, and the median of its
 ratios to the first tree's run of the same round.  A slow spell then falls on every tree
@@ -59,18 +60,19 @@ def main(argv=None):
     p.add_argument("--scenario", default="c")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--contender", default="ackqueue",
-                   help="the contender run in every tree but 'lean' (default %(default)s)")
+                   help="the contender run in every tree but 'lean' and 'lean-*' "
+                        "(default %(default)s)")
     p.add_argument("trees", nargs="+")
     args = p.parse_args(argv)
     _metric(args.scenario)
-    first = next((t for t in args.trees if t != "lean"), None)
+    first = next((t for t in args.trees if not _is_lean(t)), None)
     if first is None:
         p.error("name at least one tree")
     runs = {tree: [] for tree in args.trees}
     for _ in range(args.rounds):
         for tree in args.trees:
-            if tree == "lean":
-                runs[tree].append(run_once(first, args.scenario, "lean"))
+            if _is_lean(tree):
+                runs[tree].append(run_once(first, args.scenario, tree))
             else:
                 runs[tree].append(run_once(tree, args.scenario, args.contender))
     base = runs[args.trees[0]]
@@ -81,6 +83,11 @@ def main(argv=None):
         print(f"  {tree:40s} median {_shown(statistics.median(values)):>10s}   "
               f"ratio {statistics.median(ratios):.3f}   runs "
               + ", ".join(map(_shown, values)))
+
+
+def _is_lean(tree):
+    """'lean', or a lean contender's id ('lean-synced', ...): run from the first tree."""
+    return tree == "lean" or tree.startswith("lean-")
 
 
 def _shown(value):

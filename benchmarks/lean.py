@@ -96,8 +96,13 @@ class _Unit:
 class LeanZodbQueue:
     """put / get(timeout) / ack(handle) / put_many / ack_many over one FileStorage file."""
 
-    def __init__(self, path, counted=False, guarded=False):
-        self._db = DB(FileStorage(path))
+    def __init__(self, path, counted=False, guarded=False, synced=False):
+        if synced:      # on ackqueue's storage for durability="fsync" (issue 28 point 2)
+            from ackqueue.storage import SyncedFileStorage
+            storage = SyncedFileStorage(path)
+        else:
+            storage = FileStorage(path)
+        self._db = DB(storage)
         self._tm = transaction.TransactionManager(explicit=True)
         self._conn = self._db.open(transaction_manager=self._tm)
         with self._tm:

@@ -131,6 +131,13 @@ def file_storage(directory, per_cycle=2):
     return Zodb(FileStorage(os.path.join(directory, "q.fs")), per_cycle)
 
 
+def file_storage_synced(directory):
+    """FileStorage as ackqueue's durability="fsync" opens it since issue 28.2: each commit
+    written into zeros written ahead of it, then fdatasync (storage.SyncedFileStorage)."""
+    from ackqueue.storage import open_file_storage
+    return Zodb(open_file_storage(os.path.join(directory, "q.fs"), "fsync"))
+
+
 def file_storage_fdatasync(directory):
     """FileStorage whose commit ends in fdatasync instead of fsync: the data and the file's
     size are synced (what reading the commit back needs), not its modification time."""
@@ -186,8 +193,10 @@ MECHANISMS = [
     ("sqlite-wal-normal", "SQLite WAL, synchronous=NORMAL (litequeue)",
      "not durable: the WAL is synced only at checkpoints; survives a process crash", 3,
      lambda d: SqliteWal(d, "NORMAL")),
-    ("filestorage", "ZODB FileStorage, one-object commit (ackqueue)", "durable", 2,
-     file_storage),
+    ("filestorage", "ZODB FileStorage, one-object commit (ackqueue before 28.2)",
+     "durable", 2, file_storage),
+    ("filestorage-synced", "ZODB FileStorage into space written ahead, fdatasync "
+     "(ackqueue)", "durable", 2, file_storage_synced),
     ("filestorage-deferred", "ZODB FileStorage, ack riding on the next put (ackqueue, "
      "acks='deferred')", "put durable; ack durable with the next commit", 1,
      lambda d: file_storage(d, per_cycle=1)),

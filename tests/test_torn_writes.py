@@ -37,7 +37,7 @@ TRANS_HDR = ">8sQc"          # FileStorage transaction header: tid, length, stat
 TRANS_HDR_LEN = struct.calcsize(TRANS_HDR)
 
 BUILD = """
-    import json, os, random, signal, sys
+    import json, os, random, signal, struct, sys
     from ackqueue import AckQueue
 
     path, seed, operations = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -46,11 +46,22 @@ BUILD = """
     alive = []                 # ids of unacknowledged items, in put order
     padding = {}               # id -> length of its padding
     receives = {}              # id -> how many times it was received
-    states = [[os.path.getsize(path), []]]
+
+    def data_end():
+        # Where the whole transactions end (zeros written ahead follow them).
+        data, pos = open(path, "rb").read(), 4
+        while pos + 17 <= len(data):
+            length = struct.unpack(">8sQc", data[pos:pos + 17])[1]
+            if length < 17 or pos + length + 8 > len(data):
+                break
+            pos += length + 8
+        return pos
+
+    states = [[data_end(), []]]
 
     def durable():
         # A commit has returned: everything submitted so far is on disk.
-        states.append([os.path.getsize(path), list(alive)])
+        states.append([data_end(), list(alive)])
 
     def item(n):
         return f"item-{n}-" + "x" * padding[n]
@@ -122,7 +133,7 @@ def txn_ends(data):
     while pos + TRANS_HDR_LEN <= len(data):
         _, length, _ = struct.unpack(TRANS_HDR, data[pos:pos + TRANS_HDR_LEN])
         end = pos + length + 8
-        if end > len(data):
+        if end > len(data) or length < TRANS_HDR_LEN:     # torn, or zeros after the end
             break
         ends.append(end)
         pos = end
@@ -144,7 +155,10 @@ def built(tmp_path_factory):
     states = [(size, [item(n) for n in ids]) for size, ids in report["states"]]
     receives = {item(int(n)): count for n, count in report["receives"].items()}
     data = path.read_bytes()
-    assert txn_ends(data)[-1] == len(data)             # the source itself is whole
+    # The source is whole, then the zeros it wrote ahead of its commits (never closed).
+    end = txn_ends(data)[-1]
+    assert end < len(data) and data[end:] == bytes(len(data) - end)
+    data = data[:end]
     assert states[-1][0] <= len(data)
     return data, states, receives
 
@@ -319,13 +333,30 @@ def test_garbage_after_the_end_is_dropped(tmp_path, built, garbage):
 def test_cut_tail_is_kept_beside_the_file_with_a_warning(tmp_path, built, caplog):
     data, states, receives = built
     path = str(tmp_path / "tail.fs")
-    open_copy(path, data + b"\0" * 100)
+    torn = garbage_bytes(random.Random(SEED), 100, FUTURE_TID, ord("c")) + b"\0" * 50
+    open_copy(path, data + torn)
     with caplog.at_level(logging.WARNING, logger="ackqueue.tail"):
         assert read_queue(path, receives) == states[-1][1]
     kept = [n for n in os.listdir(tmp_path) if n.startswith("tail.fs.torn-")]
     assert len(kept) == 1
-    assert (tmp_path / kept[0]).read_bytes() == b"\0" * 100
+    assert (tmp_path / kept[0]).read_bytes() == torn
     assert any(path in r.getMessage() and kept[0] in r.getMessage() for r in caplog.records)
+
+
+def test_zeros_alone_after_the_end_are_cut_without_a_copy(tmp_path, built, caplog):
+    """Zeros after the last transaction (what a queue file that was not closed keeps
+    written ahead of its commits) hold nothing: cut, with no torn copy and no warning."""
+    data, states, receives = built
+    path = str(tmp_path / "ahead.fs")
+    open_copy(path, data + b"\0" * ackqueue.storage.AHEAD)
+    with caplog.at_level(logging.INFO, logger="ackqueue.tail"):
+        assert read_queue(path, receives) == states[-1][1]
+    assert not [n for n in os.listdir(tmp_path) if ".torn-" in n]
+    after = open(path, "rb").read()
+    assert after[:len(data)] == data
+    assert txn_ends(after)[-1] == len(after)        # closed: no zeros after its end
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("zeros" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("damage", ["status", "length"])

@@ -5,7 +5,10 @@ The file is opened for reading only (no lock, no index written): ZODB's own File
 walks the transactions and their data records, and ZODB's ObjectReader unpickles each
 record's class and state.  Damage is what stops the walk before the end of the file (a
 transaction header, length or data record that does not add up: ZODB logs it and stops)
-and any record whose pickle does not load; each is reported with its byte offset."""
+and any record whose pickle does not load; each is reported with its byte offset.  Zeros
+alone after the last transaction are not damage: a synced queue file keeps them written
+ahead of its commits while open, and a process that did not close it left them (the next
+open cuts them); the report counts them."""
 import logging
 import os
 from dataclasses import dataclass, field
@@ -14,6 +17,8 @@ from ZODB.broken import find_global
 from ZODB.FileStorage.FileStorage import FileIterator, FileStorageFormatError
 from ZODB.serialize import ObjectReader
 from ZODB.utils import oid_repr
+
+from .. import tail
 
 
 @dataclass
@@ -32,6 +37,7 @@ class CheckReport:
     transactions: int = 0
     records: int = 0
     damage: list = field(default_factory=list)
+    zeros_after: int = 0        # bytes of zeros after the last transaction (not damage)
 
     @property
     def ok(self):
@@ -39,7 +45,7 @@ class CheckReport:
 
     def as_dict(self):
         return {"path": self.path, "size": self.size, "transactions": self.transactions,
-                "records": self.records, "ok": self.ok,
+                "records": self.records, "ok": self.ok, "zeros_after": self.zeros_after,
                 "damage": [d.as_dict() for d in self.damage]}
 
 
@@ -99,7 +105,11 @@ def check_file(path, progress=None):
                                                  f"({type(exc).__name__}: {exc})"))
         finally:
             iterator.close()
-        if reached < size and not report.damage:
+        if reached < size and not report.damage and _zeros_from(path, reached, size):
+            # Space a synced queue file writes ahead of its commits (a process that did
+            # not close it left them): no data, and the next open cuts them.
+            report.zeros_after = size - reached
+        elif reached < size and not report.damage:
             said = "; ".join(warnings.messages) or "the transactions stop here"
             report.damage.append(Damage(reached, f"{size - reached} bytes after the last "
                                                  f"readable transaction: {said}"))
@@ -111,6 +121,11 @@ def check_file(path, progress=None):
     if progress is not None:
         progress(size)
     return report
+
+
+def _zeros_from(path, pos, size):
+    with open(path, "rb") as f:
+        return tail.zeros_from(f, pos, size)
 
 
 def _check_record(reader, record, report):

@@ -661,6 +661,10 @@ def check(path, as_json):
                    f"{report.records:,} records read")
         for d in report.damage:
             click.echo(f"damage at offset {d.offset}: {d.what}")
+        if report.zeros_after:
+            click.echo(f"then {report.zeros_after:,} bytes of zeros: space written ahead "
+                       "of its commits by a process that had it open (not data; the next "
+                       "open cuts them)")
         click.echo("ok: no damage found" if report.ok else
                    f"DAMAGED: {len(report.damage)} problem(s) found; the file was not "
                    "changed")

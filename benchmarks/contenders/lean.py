@@ -98,3 +98,19 @@ GUARDED = Contender(
     "deadlines, give-back, ack(item) and task_done need at the least); no counts; every "
     "commit fsync'd",
     family="lean")
+
+
+class LeanSyncedAdapter(LeanZodbAdapter):
+    """The lean queue on ackqueue's storage for durability="fsync" (lean.py, synced=True:
+    storage.SyncedFileStorage, commits into zeros written ahead, fdatasync): ackqueue's
+    own cost (issue 28 point 1) measured on the same storage as ackqueue."""
+
+    options = {"synced": True}
+
+
+SYNCED = Contender(
+    "lean-synced", "ZODB lean, synced storage", LeanSyncedAdapter,
+    "the lean ZODB queue on ackqueue's synced FileStorage (each commit written into zeros "
+    "written ahead of it and fdatasync'd): the reference for ackqueue's own cost on the "
+    "storage ackqueue uses; every commit synced",
+    family="lean")
