@@ -559,6 +559,15 @@ class SyncedFileStorage(WatchedFileStorage):
             return
         self._ahead_end = start + AHEAD
 
+    def _abort(self):
+        # A transaction aborted after its vote wrote it: FileStorage cuts the file at the
+        # last commit's end, the zeros with it, and the next commit writes them again.
+        # (One aborted before, on a conflict say, left them where they were.)
+        written = bool(self._nextpos)
+        super()._abort()
+        if written:
+            self._ahead_end = 0
+
     def _cut_ahead(self):
         """Cut the zeros off (the commit lock held, or no commit under way)."""
         if self._is_read_only or getattr(self, "_file", None) is None:

@@ -131,6 +131,14 @@ def file_storage(directory, per_cycle=2):
     return Zodb(FileStorage(os.path.join(directory, "q.fs")), per_cycle)
 
 
+def file_storage_watched(directory):
+    """FileStorage as ackqueue's durability="fsync" opened it before issue 28.2: appended
+    and fsync'd, with ackqueue's own per-commit work (the file-gone check, the in-memory
+    scratch): the row to compare the synced one with."""
+    from ackqueue.storage import WatchedFileStorage
+    return Zodb(WatchedFileStorage(os.path.join(directory, "q.fs"), create=True))
+
+
 def file_storage_synced(directory):
     """FileStorage as ackqueue's durability="fsync" opens it since issue 28.2: each commit
     written into zeros written ahead of it, then fdatasync (storage.SyncedFileStorage)."""
@@ -193,10 +201,11 @@ MECHANISMS = [
     ("sqlite-wal-normal", "SQLite WAL, synchronous=NORMAL (litequeue)",
      "not durable: the WAL is synced only at checkpoints; survives a process crash", 3,
      lambda d: SqliteWal(d, "NORMAL")),
-    ("filestorage", "ZODB FileStorage, one-object commit (ackqueue before 28.2)",
-     "durable", 2, file_storage),
-    ("filestorage-synced", "ZODB FileStorage into space written ahead, fdatasync "
-     "(ackqueue)", "durable", 2, file_storage_synced),
+    ("filestorage", "ZODB FileStorage, one-object commit", "durable", 2, file_storage),
+    ("filestorage-watched", "ZODB FileStorage appended, fsync, with ackqueue's checks "
+     "(ackqueue before 28.2)", "durable", 2, file_storage_watched),
+    ("filestorage-synced", "ZODB FileStorage into space written ahead, fdatasync, with "
+     "ackqueue's checks (ackqueue)", "durable", 2, file_storage_synced),
     ("filestorage-deferred", "ZODB FileStorage, ack riding on the next put (ackqueue, "
      "acks='deferred')", "put durable; ack durable with the next commit", 1,
      lambda d: file_storage(d, per_cycle=1)),
@@ -320,6 +329,7 @@ def markdown(report):
 
 
 def main(argv=None):
+    global RECORD
     parser = argparse.ArgumentParser(prog="python -m benchmarks.storage_floor",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"),
@@ -330,11 +340,16 @@ def main(argv=None):
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--tmpdir", default=None,
                         help="where the files go (not tmpfs, where syncing costs nothing)")
+    parser.add_argument("--record-bytes", type=int, default=len(RECORD),
+                        help="the size of the record each commit writes (default "
+                             "%(default)s; ackqueue's one-message put commit is about "
+                             "1,700 bytes)")
     parser.add_argument("--only", default=None,
                         help="comma-separated mechanism ids: " + ", ".join(m[0] for m in
                                                                           MECHANISMS))
     args = parser.parse_args(argv)
     wanted = set(args.only.split(",")) if args.only else None
+    RECORD = (bytes(range(256)) * (args.record_bytes // 256 + 1))[:args.record_bytes]
     report = run(args.tmpdir or tempfile.gettempdir(), args.repeat, args.commits,
                  args.cycles, args.samples, wanted)
     os.makedirs(args.out, exist_ok=True)

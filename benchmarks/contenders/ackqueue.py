@@ -142,8 +142,8 @@ def has_durability_option():
 
 FSYNC = Contender(
     "ackqueue", "ackqueue (fsync)", AckQueueAdapter,
-    "ZODB FileStorage: every commit fsync'd; put and ack return once "
-    "durable", family="ackqueue", scale=AckQueueScale())
+    "ZODB FileStorage: every commit synced (fdatasync, into space written ahead); put and "
+    "ack return once durable", family="ackqueue", scale=AckQueueScale())
 MEMORY = Contender(
     "ackqueue-memory", "ackqueue (memory)", lambda d: AckQueueAdapter(d, memory=True),
     "ZODB MappingStorage: in memory, nothing survives the process "
