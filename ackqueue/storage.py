@@ -473,6 +473,19 @@ class WatchedFileStorage(MemoryScratchFileStorage):
         if self._file_gone() is None:   # never write an index beside a file not ours
             super()._save_index()
 
+    def _finish_finish(self, tid):
+        # FileStorage._finish_finish (the method exists to be replaced) with the sync its
+        # subclasses choose: fsync here, fdatasync (SyncedFileStorage), none ("os").
+        self._file.flush()
+        self._sync()
+        self._pos = self._nextpos
+        self._index.update(self._tindex)
+        self._ltid = tid
+        self._blob_tpc_finish()
+
+    def _sync(self):
+        os.fsync(self._file.fileno())
+
 
 _fdatasync = getattr(os, "fdatasync", os.fsync)    # macOS has no fdatasync
 
@@ -522,14 +535,11 @@ class SyncedFileStorage(WatchedFileStorage):
         unused, self._files = self._files, _FreshReadPool(self._file_name)
         unused.close()
 
-    def _finish_finish(self, tid):
-        # FileStorage._finish_finish with fdatasync for fsync, then the zeros topped up.
-        self._file.flush()
+    def _sync(self):
         _fdatasync(self._file.fileno())
-        self._pos = self._nextpos
-        self._index.update(self._tindex)
-        self._ltid = tid
-        self._blob_tpc_finish()
+
+    def _finish_finish(self, tid):
+        super()._finish_finish(tid)
         if self._ahead_end - self._pos < AHEAD // 4 and not self._packs:
             self._write_ahead()
 
@@ -606,13 +616,8 @@ class OSDurableFileStorage(WatchedFileStorage):
     they survive the process (a crash, SIGKILL) but not the machine (power loss, an OS
     crash can lose the latest commits; FileStorage truncates a torn tail on open)."""
 
-    def _finish_finish(self, tid):
-        # FileStorage._finish_finish without the fsync (the method exists to be replaced).
-        self._file.flush()
-        self._pos = self._nextpos
-        self._index.update(self._tindex)
-        self._ltid = tid
-        self._blob_tpc_finish()
+    def _sync(self):
+        pass                # written to the OS by the flush before it: that is all
 
 
 def check_durability(durability):
