@@ -4,8 +4,9 @@ drift of a shared machine.
     python -m benchmarks.interleaved --scenario c --rounds 9 TREE [TREE ...]
 
 Each TREE is a directory holding an ackqueue checkout (e.g. a git worktree of the revision
-to measure); ``lean`` stands for the lean ZODB queue, and ``lean-synced`` (or another lean
-contender's id) for that contender, run from the first tree.  A round runs the suite
+to measure); a contender's id instead (``lean``, the lean ZODB queue; ``lean-synced``;
+``persist-queue``; any id ``python -m benchmarks --contender`` takes) stands for that
+contender, run from the first tree.  A round runs the suite
 itself (``python -m benchmarks --scenario S --repeat 1 --contender C``) once in each
 tree, one after the other, with the tree as the working directory and first on
 PYTHONPATH, so that its ackqueue is the one imported, by the servers the suite starts too;
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks import scenarios
+from benchmarks import contenders, scenarios
 
 
 def _metric(key):
@@ -60,18 +61,21 @@ def main(argv=None):
     p.add_argument("--scenario", default="c")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--contender", default="ackqueue",
-                   help="the contender run in every tree but 'lean' and 'lean-*' "
-                        "(default %(default)s)")
-    p.add_argument("trees", nargs="+")
+                   help="the contender run in every tree (default %(default)s)")
+    p.add_argument("trees", nargs="+", metavar="TREE_OR_CONTENDER")
     args = p.parse_args(argv)
     _metric(args.scenario)
-    first = next((t for t in args.trees if not _is_lean(t)), None)
+    for name in args.trees:
+        if not os.path.isdir(name) and name not in contenders.all_ids():
+            p.error(f"{name!r} is neither a directory nor a contender id "
+                    f"({', '.join(contenders.all_ids())})")
+    first = next((t for t in args.trees if os.path.isdir(t)), None)
     if first is None:
         p.error("name at least one tree")
     runs = {tree: [] for tree in args.trees}
     for _ in range(args.rounds):
         for tree in args.trees:
-            if _is_lean(tree):
+            if not os.path.isdir(tree):         # a contender's id, run from the first tree
                 runs[tree].append(run_once(first, args.scenario, tree))
             else:
                 runs[tree].append(run_once(tree, args.scenario, args.contender))
@@ -83,11 +87,6 @@ def main(argv=None):
         print(f"  {tree:40s} median {_shown(statistics.median(values)):>10s}   "
               f"ratio {statistics.median(ratios):.3f}   runs "
               + ", ".join(map(_shown, values)))
-
-
-def _is_lean(tree):
-    """'lean', or a lean contender's id ('lean-synced', ...): run from the first tree."""
-    return tree == "lean" or tree.startswith("lean-")
 
 
 def _shown(value):

@@ -1,0 +1,36 @@
+"""The measuring tools in benchmarks/ still run against the code they measure.
+
+They are not run by the suite's own tests otherwise, and they reach into ackqueue's
+storage classes (own_cost's lean queue without fsync borrows ackqueue's commit ending):
+a change there broke `own_cost --cpu` once without any test noticing.  These run each tool
+briefly, in a real subprocess, and check what it prints; they time nothing."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def test_own_cost_cpu_runs_every_contender():
+    done = _run("benchmarks.own_cost", "--cpu", "--n", "30", "--reps", "1")
+    assert done.returncode == 0, done.stderr
+    headers = [line for line in done.stdout.splitlines() if line.startswith("== ")]
+    assert [h.split(":")[0] for h in headers] == [
+        "== ackqueue (durability os)", "== ZODB lean (no fsync)",
+        "== ZODB lean + Counters (no fsync)", "== ZODB lean + delivery records (no fsync)",
+        "== floor (durability os)"]
+    for phase in ("put", "get+ack", "put_many(100)", "get_many+ack_many(100)"):
+        assert done.stdout.count(f"  {phase} ") == len(headers), phase
+
+
+def test_interleaved_refuses_a_name_that_is_neither_a_tree_nor_a_contender():
+    done = _run("benchmarks.interleaved", "--scenario", "a", "--rounds", "1", ROOT,
+                "no-such-queue")
+    assert done.returncode == 2
+    assert "'no-such-queue' is neither a directory nor a contender id" in done.stderr
