@@ -34,9 +34,11 @@ import zc.lockfile
 from ZEO.ClientStorage import ClientStorage
 from ZEO.Exceptions import ClientDisconnected
 from ZODB.FileStorage import FileStorage
-from ZODB.FileStorage.FileStorage import FilePool, FileStorageFormatError, TempFormatter
+from ZODB.FileStorage.FileStorage import (FilePool, FileStorageFormatError,
+                                          FileStorageQuotaError, TempFormatter)
+from ZODB.FileStorage.format import DataHeader
 from ZODB.MappingStorage import MappingStorage
-from ZODB.POSException import ConflictError
+from ZODB.POSException import ConflictError, ReadOnlyError, StorageTransactionError
 from ZODB.utils import p64, u64
 
 from . import store
@@ -57,6 +59,7 @@ WARM_QUIET = 0.005  # seconds without a change before the warm prefetch runs
 WARM_AFTER_PUT = 10.0   # seconds after its latest put that a process keeps its objects warm
 SCRATCH_KEPT = 1 << 20  # bytes of a commit's in-memory scratch kept for the next commit
 AHEAD = 1 << 20         # bytes of zeros a synced queue file keeps written past its end
+KNOWN_TIDS = 4096       # objects whose last record's tid a queue file's storage keeps
 
 _registry = {}                    # key -> Database
 _registry_lock = threading.Lock()
@@ -423,7 +426,90 @@ class MemoryScratchFileStorage(FileStorage):
         super()._clear_temp()
 
 
-class WatchedFileStorage(MemoryScratchFileStorage):
+class KnownTidsFileStorage(MemoryScratchFileStorage):
+    """A FileStorage whose commits do not read back what they wrote themselves.
+
+    FileStorage.store checks each object against the transaction id of its last record,
+    which it reads from the file: a seek and a 4 KiB buffered read per object stored, and
+    a seek back before the commit writes (strace: 3 of a one-object commit's 10 system
+    calls).  The queue writes the same few records over and over (its Counters, the
+    segments at the ends of its indexes), and the last record of each was written by
+    this storage: it keeps, for each object it committed, the position and transaction id
+    of that record, and store() takes the id from there when the index still points at
+    that position.  Records at a position never change while the file is open, so that
+    is the id the file holds; a pack gives positions to other records, and the index it
+    installs empties the table (_initIndex).  Everything else (a record restored,
+    undone, written by an older version, or one among more than KNOWN_TIDS objects)
+    is read from the file as before.  It cost 59.5 against 55.3 us of CPU per one-object
+    commit here, 182 against 166 for nine objects (the sync left out).
+
+    It also ends each commit as FileStorage does, with the sync a subclass chooses
+    (_sync): fsync here, fdatasync (SyncedFileStorage), none ("os")."""
+
+    _known_tids = None          # {oid: (position, tid)} of records this storage committed
+
+    def _initIndex(self, index, tindex):
+        # At open, and when a pack installs the packed file's index (under its locks).
+        super()._initIndex(index, tindex)
+        self._known_tids = {}
+
+    def store(self, oid, oldserial, data, version, transaction):
+        # FileStorage.store, with the transaction id of an object's last record taken
+        # from _known_tids when that record is one this storage committed.
+        if self._is_read_only:
+            raise ReadOnlyError()
+        if transaction is not self._transaction:
+            raise StorageTransactionError(self, transaction)
+        assert not version
+
+        with self._lock:
+            if oid > self._oid:
+                self.set_max_oid(oid)
+            old = self._index_get(oid, 0)
+            if old:
+                known = self._known_tids.get(oid)
+                if known is not None and known[0] == old:
+                    committed_tid = known[1]
+                else:
+                    committed_tid = self._read_data_header(old, oid).tid
+                if oldserial != committed_tid:
+                    data = self.tryToResolveConflict(oid, committed_tid, oldserial, data)
+                    self._resolved.append(oid)
+
+            pos = self._pos
+            here = pos + self._tfile.tell() + self._thl
+            self._tindex[oid] = here
+            new = DataHeader(oid, self._tid, old, pos, 0, len(data))
+
+            self._tfile.write(new.asString())
+            self._tfile.write(data)
+
+            if self._quota is not None and here > self._quota:
+                raise FileStorageQuotaError("The storage quota has been exceeded.")
+
+    def _finish_finish(self, tid):
+        # FileStorage._finish_finish (the method exists to be replaced) with the sync its
+        # subclasses choose, then the records' ids kept: every record of a transaction
+        # carries its id, whatever wrote it (store, restore, undo).
+        self._file.flush()
+        self._sync()
+        self._pos = self._nextpos
+        self._index.update(self._tindex)
+        self._ltid = tid
+        self._blob_tpc_finish()
+        known, written = self._known_tids, self._tindex
+        if len(known) + len(written) > KNOWN_TIDS:
+            known.clear()           # the hot few come back with their next commit
+            if len(written) > KNOWN_TIDS:
+                return
+        for oid, pos in written.items():
+            known[oid] = (pos, tid)
+
+    def _sync(self):
+        os.fsync(self._file.fileno())
+
+
+class WatchedFileStorage(KnownTidsFileStorage):
     """A FileStorage that refuses to commit once its file was deleted or replaced by
     another file while open (QueueFileGone).  Before, puts and acks went on succeeding
     into the open, unlinked file, and everything was gone at the next open.  The check,
@@ -472,20 +558,6 @@ class WatchedFileStorage(MemoryScratchFileStorage):
     def _save_index(self):
         if self._file_gone() is None:   # never write an index beside a file not ours
             super()._save_index()
-
-    def _finish_finish(self, tid):
-        # FileStorage._finish_finish (the method exists to be replaced) with the sync its
-        # subclasses choose: fsync here, fdatasync (SyncedFileStorage), none ("os").
-        self._file.flush()
-        self._sync()
-        self._pos = self._nextpos
-        self._index.update(self._tindex)
-        self._ltid = tid
-        self._blob_tpc_finish()
-
-    def _sync(self):
-        os.fsync(self._file.fileno())
-
 
 _fdatasync = getattr(os, "fdatasync", os.fsync)    # macOS has no fdatasync
 
