@@ -1,0 +1,107 @@
+"""The queue file's storage stats its file only when the file's directory changed
+(storage.WatchedFileStorage): every way of taking the file away from its path changes the
+directory, and each must still refuse the next commit.  Real files and transactions; the
+storage's wall clock is moved a second ahead so that directory stamps count as settled
+(a stamp younger than SETTLE_NS is never trusted), instead of sleeping."""
+import os
+import time
+
+import pytest
+import transaction
+import ZODB
+from persistent.mapping import PersistentMapping
+
+from ackqueue import QueueFileGone
+from ackqueue.storage import SETTLE_NS, open_file_storage
+
+
+class Opened:
+    def __init__(self, path, clock_ahead_ns=10 * SETTLE_NS):
+        self.storage = open_file_storage(str(path), "fsync")
+        self.storage._time_ns = lambda: time.time_ns() + clock_ahead_ns
+        self.db = ZODB.DB(self.storage)
+        self.tm = transaction.TransactionManager()
+        self.conn = self.db.open(transaction_manager=self.tm)
+        self.commit(n=0)
+
+    def commit(self, **values):
+        self.tm.begin()
+        self.conn.root().setdefault("obj", PersistentMapping()).update(values)
+        self.tm.commit()
+
+    def close(self):
+        self.tm.abort()
+        self.db.close()
+
+
+@pytest.fixture
+def opened(tmp_path):
+    (tmp_path / "dir").mkdir()
+    o = Opened(tmp_path / "dir" / "q.fs")
+    yield o
+    o.close()
+
+
+def test_a_settled_directory_is_remembered_and_commits_go_on(opened):
+    opened.commit(n=1)
+    assert opened.storage._dir_seen is not None
+    seen = opened.storage._dir_seen
+    for i in range(5):
+        opened.commit(n=i)
+    assert opened.storage._dir_seen == seen
+
+
+def _refused(opened, what):
+    with pytest.raises(QueueFileGone) as caught:
+        opened.commit(n=99)
+    assert what in str(caught.value)
+    opened.tm.abort()
+
+
+def test_deleted_after_the_stamp_was_remembered(opened):
+    opened.commit(n=1)
+    assert opened.storage._dir_seen is not None
+    os.remove(opened.storage._file_name)
+    _refused(opened, "was deleted")
+
+
+def test_replaced_after_the_stamp_was_remembered(opened, tmp_path):
+    opened.commit(n=1)
+    assert opened.storage._dir_seen is not None
+    other = tmp_path / "dir" / "other"
+    other.write_bytes(b"not a queue")
+    os.replace(other, opened.storage._file_name)
+    _refused(opened, "was replaced by another file")
+
+
+def test_moved_to_another_directory(opened, tmp_path):
+    opened.commit(n=1)
+    os.rename(opened.storage._file_name, tmp_path / "moved.fs")
+    _refused(opened, "was deleted")
+
+
+def test_its_directory_renamed(opened, tmp_path):
+    opened.commit(n=1)
+    os.rename(tmp_path / "dir", tmp_path / "dir2")
+    _refused(opened, "was deleted")
+
+
+def test_another_file_in_the_directory_only_makes_it_look_again(opened, tmp_path):
+    opened.commit(n=1)
+    seen = opened.storage._dir_seen
+    (tmp_path / "dir" / "sibling").write_bytes(b"x")
+    opened.commit(n=2)                  # looked at the file again: still the open one
+    assert opened.storage._dir_seen not in (None, seen)
+
+
+def test_a_directory_changed_just_now_is_not_trusted(tmp_path):
+    (tmp_path / "dir").mkdir()
+    o = Opened(tmp_path / "dir" / "q.fs", clock_ahead_ns=0)
+    try:
+        (tmp_path / "dir" / "sibling").write_bytes(b"x")    # changed within SETTLE_NS
+        o.commit(n=1)
+        assert o.storage._dir_seen is None
+        os.remove(o.storage._file_name)
+        _refused(o, "was deleted")
+    finally:
+        o.close()
