@@ -547,8 +547,9 @@ class WatchedFileStorage(KnownTidsFileStorage):
             opened = (stat.st_dev, stat.st_ino)
             self._opened = (self._file, opened)
             self._dir_seen = None
+            self._dir_name = os.path.dirname(self._file_name)
         try:
-            folder = os.stat(os.path.dirname(self._file_name))
+            folder = os.stat(self._dir_name)
             stamp = (folder.st_dev, folder.st_ino, folder.st_mtime_ns, folder.st_ctime_ns)
         except OSError:
             stamp = None                # the directory went too: the file's stat says so
