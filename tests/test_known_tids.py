@@ -3,6 +3,7 @@ committed itself instead of reading it back (storage.KnownTidsFileStorage).  Con
 must still be seen, and a pack, which gives the file's positions to other records, must
 not leave an id behind that the file no longer holds.  Real FileStorage files, real
 transactions; the one instrument is a count of the headers store() reads."""
+import io
 import time
 
 import pytest
@@ -175,3 +176,43 @@ def test_a_queue_file_round_trips_through_the_table(tmp_path):
     q = AckQueue(path=path)
     assert [q.get(timeout=5) for _ in range(25)] == list(range(25, 50))
     q.close()
+
+
+def test_the_file_is_written_unbuffered_and_stays_so_after_a_pack(tmp_path):
+    # The vote and the finish write with pwrite (storage.MemoryScratchFileStorage): no
+    # buffer may hold bytes of the file that a later commit writes, a pack's too.
+    storage, db = _open(tmp_path / "q.fs")
+    assert isinstance(storage._file, io.FileIO)
+    tm = transaction.TransactionManager()
+    conn = db.open(transaction_manager=tm)
+    tm.begin()
+    conn.root()["obj"] = PersistentMapping()
+    tm.commit()
+    for i in range(10):
+        _commit(conn, n=i)
+    storage.pack(time.time() + 1, referencesf)
+    assert isinstance(storage._file, io.FileIO)
+    _commit(conn, n=10)
+    db.close()
+    storage, db = _open(tmp_path / "q.fs")
+    assert db.open().root()["obj"]["n"] == 10
+    db.close()
+
+
+def test_reads_through_the_storage_file_see_every_commit(tmp_path):
+    # loadSerial (conflict resolution on a server reads old revisions with it) and the
+    # header reads go through the file the commits are written to.
+    storage, db = _open(tmp_path / "q.fs")
+    tm = transaction.TransactionManager()
+    conn = db.open(transaction_manager=tm)
+    tm.begin()
+    obj = conn.root()["obj"] = PersistentMapping()
+    tm.commit()
+    revisions = []
+    for i in range(30):
+        _commit(conn, n=i)
+        revisions.append((obj._p_serial, i))
+        storage._known_tids.clear()       # the next store reads the header from the file
+    assert [conn.oldstate(obj, serial)["data"]["n"] for serial, _ in revisions] == [
+        i for _, i in revisions]
+    db.close()
