@@ -508,7 +508,7 @@ class KnownTidsFileStorage(MemoryScratchFileStorage):
 
     FileStorage.store checks each object against the transaction id of its last record,
     which it reads from the file: a seek and a 4 KiB buffered read per object stored, and
-    a seek back before the commit writes (strace: 3 of a one-object commit's 10 system
+    a seek back before the commit writes (strace: 3 of a one-object commit's 11 system
     calls).  The queue writes the same few records over and over (its Counters, the
     segments at the ends of its indexes), and the last record of each was written by
     this storage: it keeps, for each object it committed, the position and transaction id
