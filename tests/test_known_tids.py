@@ -34,6 +34,27 @@ def _open(path):
     return storage, db
 
 
+def _open_with_obj(path):
+    """The storage and its DB, a connection with its own transaction manager, and a
+    PersistentMapping committed at root["obj"]."""
+    storage, db = _open(path)
+    tm = transaction.TransactionManager()
+    conn = db.open(transaction_manager=tm)
+    tm.begin()
+    obj = conn.root()["obj"] = PersistentMapping()
+    tm.commit()
+    return storage, db, tm, conn, obj
+
+
+def _reopened_n(path):
+    """root["obj"]["n"] as a fresh open of the closed file reads it."""
+    _, db = _open(path)
+    try:
+        return db.open().root()["obj"]["n"]
+    finally:
+        db.close()
+
+
 def _commit(conn, **values):
     conn.transaction_manager.begin()
     conn.root()["obj"].update(values)
@@ -41,21 +62,14 @@ def _commit(conn, **values):
 
 
 def test_store_reads_no_header_for_records_it_committed(tmp_path):
-    storage, db = _open(tmp_path / "q.fs")
-    tm = transaction.TransactionManager()
-    conn = db.open(transaction_manager=tm)
-    tm.begin()
-    conn.root()["obj"] = PersistentMapping()
-    tm.commit()
+    storage, db, tm, conn, obj = _open_with_obj(tmp_path / "q.fs")
     before = storage.header_reads
     for i in range(20):
         _commit(conn, n=i)
     assert storage.header_reads == before
     db.close()
     # The file holds what was committed, read by a plain reopen.
-    storage, db = _open(tmp_path / "q.fs")
-    assert db.open().root()["obj"]["n"] == 19
-    db.close()
+    assert _reopened_n(tmp_path / "q.fs") == 19
 
 
 def test_a_conflicting_commit_is_still_refused(tmp_path):
@@ -106,20 +120,13 @@ def test_after_a_pack_ids_come_from_the_packed_file(tmp_path):
         tm2.commit()
     tm2.abort()
     db.close()
-    storage, db = _open(tmp_path / "q.fs")
-    assert db.open().root()["obj"]["n"] == 102
-    db.close()
+    assert _reopened_n(tmp_path / "q.fs") == 102
 
 
 def test_an_undo_keeps_the_table_true(tmp_path):
     # Undo writes its records through the same commit (tpc_finish), each with the undo's
     # transaction id, which is what the table then holds.
-    storage, db = _open(tmp_path / "q.fs")
-    tm = transaction.TransactionManager()
-    conn = db.open(transaction_manager=tm)
-    tm.begin()
-    conn.root()["obj"] = PersistentMapping()
-    tm.commit()
+    storage, db, tm, conn, obj = _open_with_obj(tmp_path / "q.fs")
     _commit(conn, n=1)
     _commit(conn, n=2)
     undo_id = db.undoLog(0, 1)[0]["id"]
@@ -132,9 +139,7 @@ def test_an_undo_keeps_the_table_true(tmp_path):
     _commit(conn, n=3)                    # no conflict with the undo's record
     assert storage.header_reads == reads  # its id was known
     db.close()
-    storage, db = _open(tmp_path / "q.fs")
-    assert db.open().root()["obj"]["n"] == 3
-    db.close()
+    assert _reopened_n(tmp_path / "q.fs") == 3
 
 
 def test_the_table_is_bounded(tmp_path):
@@ -194,20 +199,13 @@ def test_the_file_is_written_unbuffered_and_stays_so_after_a_pack(tmp_path):
     assert isinstance(storage._file, io.FileIO)
     _commit(conn, n=10)
     db.close()
-    storage, db = _open(tmp_path / "q.fs")
-    assert db.open().root()["obj"]["n"] == 10
-    db.close()
+    assert _reopened_n(tmp_path / "q.fs") == 10
 
 
 def test_reads_through_the_storage_file_see_every_commit(tmp_path):
     # loadSerial (conflict resolution on a server reads old revisions with it) and the
     # header reads go through the file the commits are written to.
-    storage, db = _open(tmp_path / "q.fs")
-    tm = transaction.TransactionManager()
-    conn = db.open(transaction_manager=tm)
-    tm.begin()
-    obj = conn.root()["obj"] = PersistentMapping()
-    tm.commit()
+    storage, db, tm, conn, obj = _open_with_obj(tmp_path / "q.fs")
     revisions = []
     for i in range(30):
         _commit(conn, n=i)
