@@ -62,6 +62,7 @@ SCRATCH_KEPT = 1 << 20  # bytes of a commit's in-memory scratch kept for the nex
 AHEAD = 1 << 20         # bytes of zeros a synced queue file keeps written past its end
 KNOWN_TIDS = 4096       # objects whose last record's tid a queue file's storage keeps
 SETTLE_NS = 100_000_000     # a directory unchanged this long shows any later change
+COARSE_SETTLE_NS = 2_100_000_000    # the same where times are whole seconds (FAT: 2 s)
 
 _registry = {}                    # key -> Database
 _registry_lock = threading.Lock()
@@ -602,8 +603,9 @@ class WatchedFileStorage(KnownTidsFileStorage):
     gets fine-grained times at its next write) the fdatasync of a 1.5 KB commit took
     116-126 us with nothing between commits, 152-179 with a stat of the file (fstat
     too), 100-131 with a stat of its directory (benchmarks/stat_sync.py).  A
-    directory stamp is trusted only once it is SETTLE_NS old: a change in the same tick
-    of a coarse clock could leave it as it was, and one made later than that cannot."""
+    directory stamp is trusted only once it is SETTLE_NS old (COARSE_SETTLE_NS where its
+    times are whole seconds): a change in the same tick of a coarse clock could leave it
+    as it was, and one made later than that cannot."""
 
     _opened = (None, None)      # (the open file object, its (st_dev, st_ino))
     _dir_seen = None            # the directory's stamp when the file was last found there
@@ -638,9 +640,19 @@ class WatchedFileStorage(KnownTidsFileStorage):
             return None
         if (now.st_dev, now.st_ino) != opened:
             return "was replaced by another file"
-        if stamp is not None and self._time_ns() - max(stamp[2:]) >= SETTLE_NS:
+        if stamp is not None and self._settled(stamp):
             self._dir_seen = stamp
         return None
+
+    def _settled(self, stamp):
+        """Whether a change made after this directory stamp must show in the next one:
+        it is older than the file system's time granularity, with a margin.  Times in
+        whole seconds mean a coarse file system (ext3, HFS+, FAT's 2 s, some NFS
+        servers), where a change in the same second as the stamp would leave it as it
+        was."""
+        times = stamp[2:]
+        coarse = any(t % 1_000_000_000 == 0 for t in times)
+        return self._time_ns() - max(times) >= (COARSE_SETTLE_NS if coarse else SETTLE_NS)
 
     def tpc_begin(self, transaction, tid=None, status=" "):
         super().tpc_begin(transaction, tid, status)

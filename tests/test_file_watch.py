@@ -12,7 +12,7 @@ import ZODB
 from persistent.mapping import PersistentMapping
 
 from ackqueue import QueueFileGone
-from ackqueue.storage import SETTLE_NS, open_file_storage
+from ackqueue.storage import COARSE_SETTLE_NS, SETTLE_NS, open_file_storage
 
 
 class Opened:
@@ -101,6 +101,32 @@ def test_a_directory_changed_just_now_is_not_trusted(tmp_path):
         (tmp_path / "dir" / "sibling").write_bytes(b"x")    # changed within SETTLE_NS
         o.commit(n=1)
         assert o.storage._dir_seen is None
+        os.remove(o.storage._file_name)
+        _refused(o, "was deleted")
+    finally:
+        o.close()
+
+
+def test_whole_second_times_wait_for_the_coarse_settle(tmp_path):
+    # A file system that keeps times in whole seconds (ext3, HFS+, FAT) could leave a
+    # directory's stamp as it was after a change in the same second: such a stamp is
+    # trusted only once COARSE_SETTLE_NS old.  The directory's mtime is set to a whole
+    # second with utime (its ctime becomes now); the storage's clock is moved instead of
+    # sleeping.
+    (tmp_path / "dir").mkdir()
+    o = Opened(tmp_path / "dir" / "q.fs")
+    try:
+        folder = tmp_path / "dir"
+        before = o.storage._dir_seen            # the stamp remembered at the first commit
+        whole = (time.time_ns() // 1_000_000_000 - 5) * 1_000_000_000
+        os.utime(folder, ns=(whole, whole))
+        newest = max(os.stat(folder).st_mtime_ns, os.stat(folder).st_ctime_ns)
+        o.storage._time_ns = lambda: newest + 10 * SETTLE_NS     # fine-grained: settled
+        o.commit(n=1)
+        assert o.storage._dir_seen == before                    # coarse: not yet
+        o.storage._time_ns = lambda: newest + COARSE_SETTLE_NS
+        o.commit(n=2)
+        assert o.storage._dir_seen[2] == whole                  # now remembered
         os.remove(o.storage._file_name)
         _refused(o, "was deleted")
     finally:
