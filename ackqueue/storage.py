@@ -422,8 +422,9 @@ class MemoryScratchFileStorage(FileStorage):
 
     The vote then writes the transaction (its header, those records, its length) with one
     pwrite, and the finish its status byte with another, on the storage file opened
-    without Python's buffer: FileStorage's seek, writes and flush through a buffered file
-    made three more system calls per commit (the seek, and an lseek after each flush).
+    without Python's buffer: FileStorage's seeks, writes and flushes through a buffered
+    file made four more system calls per commit (a seek before each of its two writes,
+    and an lseek after each flush).
     Unbuffered, nothing can hold bytes of the file that a later commit writes; the reads
     FileStorage makes through this file (a header now and then, undo, loadSerial) each
     make a system call or two, as they did after every commit's seek.  The file is
@@ -601,8 +602,9 @@ class WatchedFileStorage(KnownTidsFileStorage):
     stats the directory alone, because a stat of the file itself made the commit's sync
     dearer: on this machine's Linux (6.18, ext4; since 6.13 a file whose times were read
     gets fine-grained times at its next write) the fdatasync of a 1.5 KB commit took
-    116-126 us with nothing between commits, 152-179 with a stat of the file (fstat
-    too), 100-131 with a stat of its directory (benchmarks/stat_sync.py).  A
+    106-121 us with nothing between commits, 156-185 with a stat of the file (154-161
+    with an fstat), 100-114 with a stat of its directory (benchmarks/stat_sync.py,
+    benchmarks/results/statsync-2026-11-27/).  A
     directory stamp is trusted only once it is SETTLE_NS old (COARSE_SETTLE_NS where its
     times are whole seconds): a change in the same tick of a coarse clock could leave it
     as it was, and one made later than that cannot."""

@@ -132,9 +132,10 @@ def file_storage(directory, per_cycle=2):
 
 
 def file_storage_watched(directory):
-    """FileStorage as ackqueue's durability="fsync" opened it before issue 28.2: appended
-    and fsync'd, with ackqueue's own per-commit work (the file-gone check, the in-memory
-    scratch): the row to compare the synced one with."""
+    """FileStorage appended and fsync'd, as ackqueue's durability="fsync" committed before
+    issue 28.2, with ackqueue's commit path as it is now (the file-gone check, the
+    in-memory scratch written with one pwrite, the known tids): the row to compare the
+    synced one with, on equal commit paths."""
     from ackqueue.storage import WatchedFileStorage
     return Zodb(WatchedFileStorage(os.path.join(directory, "q.fs"), create=True))
 
@@ -202,8 +203,8 @@ MECHANISMS = [
      "not durable: the WAL is synced only at checkpoints; survives a process crash", 3,
      lambda d: SqliteWal(d, "NORMAL")),
     ("filestorage", "ZODB FileStorage, one-object commit", "durable", 2, file_storage),
-    ("filestorage-watched", "ZODB FileStorage appended, fsync, with ackqueue's checks "
-     "(ackqueue before 28.2)", "durable", 2, file_storage_watched),
+    ("filestorage-watched", "ZODB FileStorage appended, fsync, with ackqueue's commit "
+     "path (appended as before 28.2)", "durable", 2, file_storage_watched),
     ("filestorage-synced", "ZODB FileStorage into space written ahead, fdatasync, with "
      "ackqueue's checks (ackqueue)", "durable", 2, file_storage_synced),
     ("filestorage-deferred", "ZODB FileStorage, ack riding on the next put (ackqueue, "
