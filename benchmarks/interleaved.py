@@ -14,6 +14,13 @@ the rounds repeat.  Printed for each tree: its runs, their median, and the media
 ratios to the first tree's run of the same round.  A slow spell then falls on every tree
 of a round alike, which separate runs minutes apart do not promise (the rule own_cost.cpu
 follows too).
+
+Each round starts one tree further along the list (round r runs the trees from the r-th
+on, then the ones before it), so that each tree runs at each place of a round as often as
+the others: what a run leaves behind for the next one (the page cache full of another
+contender's dirty pages, a disk still writing them back) then falls on every tree alike
+instead of always on the one after it.  --order fixed keeps the list's order in every
+round, as before.
 """
 import argparse
 import json
@@ -62,6 +69,9 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--contender", default="ackqueue",
                    help="the contender run in every tree (default %(default)s)")
+    p.add_argument("--order", choices=("rotate", "fixed"), default="rotate",
+                   help="rotate: each round starts one tree further along (default); "
+                        "fixed: the same order every round")
     p.add_argument("trees", nargs="+", metavar="TREE_OR_CONTENDER")
     args = p.parse_args(argv)
     _metric(args.scenario)
@@ -73,20 +83,29 @@ def main(argv=None):
     if first is None:
         p.error("name at least one tree")
     runs = {tree: [] for tree in args.trees}
-    for _ in range(args.rounds):
-        for tree in args.trees:
+    for r in range(args.rounds):
+        for tree in round_order(args.trees, r, args.order):
             if not os.path.isdir(tree):         # a contender's id, run from the first tree
                 runs[tree].append(run_once(first, args.scenario, tree))
             else:
                 runs[tree].append(run_once(tree, args.scenario, args.contender))
     base = runs[args.trees[0]]
-    print(f"scenario ({args.scenario}), {_metric(args.scenario)}, {args.rounds} rounds; "
-          f"ratios to {args.trees[0]}")
+    print(f"scenario ({args.scenario}), {_metric(args.scenario)}, {args.rounds} rounds "
+          f"({args.order} order); ratios to {args.trees[0]}")
     for tree, values in runs.items():
         ratios = [mine / theirs for mine, theirs in zip(values, base)]
         print(f"  {tree:40s} median {_shown(statistics.median(values)):>10s}   "
               f"ratio {statistics.median(ratios):.3f}   runs "
               + ", ".join(map(_shown, values)))
+
+
+def round_order(trees, r, order="rotate"):
+    """The order in which round r (from 0) runs trees: rotated by r places, or as
+    given with order "fixed"."""
+    if order == "fixed" or not trees:
+        return list(trees)
+    start = r % len(trees)
+    return list(trees[start:]) + list(trees[:start])
 
 
 def _shown(value):

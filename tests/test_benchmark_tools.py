@@ -34,3 +34,15 @@ def test_interleaved_refuses_a_name_that_is_neither_a_tree_nor_a_contender():
                 "no-such-queue")
     assert done.returncode == 2
     assert "'no-such-queue' is neither a directory nor a contender id" in done.stderr
+
+
+def test_interleaved_rounds_rotate_so_each_tree_runs_at_each_place():
+    from benchmarks.interleaved import round_order
+    trees = ["main", "base", "lean"]
+    orders = [round_order(trees, r) for r in range(3)]
+    assert orders == [["main", "base", "lean"], ["base", "lean", "main"],
+                      ["lean", "main", "base"]]
+    for place in range(3):              # every tree once at every place in three rounds
+        assert sorted(order[place] for order in orders) == sorted(trees)
+    assert round_order(trees, 4) == orders[1]
+    assert round_order(trees, 2, "fixed") == trees
