@@ -29,6 +29,7 @@ def _contenders():
         lean.COUNTED,             # a floor: the lean queue writing Counters (issue 28.1)
         lean.GUARDED,             # a floor: the lean queue keeping delivery records (28.1)
         lean.SYNCED,              # the lean queue on ackqueue's synced storage (28.1, 28.2)
+        lean.GUARANTEES,          # a floor: both of the above and Counters, synced (28.1)
         ackqueue_floor.CONTENDER,  # a floor: no ready/counter writes (issue 28.1)
         ackqueue.MEMORY,
         ackqueue.OS,              # measured once AckQueue has durability= (issue 5)
@@ -66,7 +67,7 @@ def _shared():
 # one part of ackqueue beside it (the ready/counter writes, the expiry index) or the floor
 # under a target (the lean queue shared through ZEO, issue 28 point 4), not a library a
 # user would pick, and together they made a full run twice as long.
-OPT_IN = ("ackqueue-floor", "lean-counted", "lean-guarded", "lean-synced",
+OPT_IN = ("ackqueue-floor", "lean-counted", "lean-guarded", "lean-synced", "lean-guarantees",
           "ackqueue-noexpiry", "ackqueue-os-noexpiry", "lean-zeo", "lean-zeo-fast")
 
 
