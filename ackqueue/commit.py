@@ -53,6 +53,7 @@ from ZEO.Exceptions import ClientDisconnected
 from ZODB.POSException import ConflictError
 
 from .errors import Refused, ServerUnavailable
+from .segments import write_alone
 from .store import apply_unit
 
 __all__ = ["Committer", "Ticket", "CommitterClosed", "settling"]
@@ -172,9 +173,17 @@ class Ticket:
 
 
 class Committer:
-    """The single writer of one database in this process (see the module docstring)."""
+    """The single writer of one database in this process (see the module docstring).
 
-    def __init__(self, db, *, description="ackqueue"):
+    Where this process opened the storage and holds it alone (a queue file, memory), it
+    is the only writer of its queues' indexes at all, their opening included (alone=True,
+    see segments.write_alone): nothing can see the index segments it unlinks."""
+
+    def __init__(self, db, *, description="ackqueue", alone=False):
+        """alone: no other connection, in this process or another, ever writes the indexes
+        of db's queues (a file or memory storage this process opened and holds: this
+        committer writes them, their opening included).  The store then skips the writes
+        that only guard against a concurrent writer (segments.write_alone)."""
         self._db = db
         # The hot paths take the condition's lock directly (a Lock's with is C code, a
         # Condition's is two Python calls); wait and notify still go through _cond.
@@ -194,6 +203,9 @@ class Committer:
         self.defer_delay = DEFER_DELAY
         self._tm = transaction.TransactionManager(explicit=True)
         self._conn = db.open(transaction_manager=self._tm)
+        self.alone = alone
+        if alone:
+            write_alone(self._conn)
         self.commits = 0          # how many ZODB commits were made
         self.units = 0            # how many units they carried
         self.conflicts = 0        # how many commits had to be retried after a conflict

@@ -18,7 +18,6 @@ import threading
 
 import transaction
 from BTrees.LLBTree import LLTreeSet
-from ZODB.POSException import ConflictError
 from zope.interface import implementer
 
 from . import codec, holds, store
@@ -196,6 +195,30 @@ def _fresh_meta(cached):
     return Meta(body, priority, sent_at, 0, None, None, expires_at, attributes)
 
 
+class _Opening:
+    """LocalArbiter.load's writes, as the one operation of a committer unit (the protocol
+    of ackqueue.store's operations): create or check the queue record, drop the durable
+    holds whose deadline passed, give back what was in flight (its holders died with the
+    process that opened the file last).  Applied again from scratch if its commit is
+    retried."""
+
+    __slots__ = ("name", "state", "recovered")
+    apply_run = check_run = None        # applied alone (store.apply_unit)
+
+    def __init__(self, name, state):
+        self.name, self.state, self.recovered = name, state, 0
+
+    def check(self, root):
+        pass
+
+    def apply(self, root):
+        state = self.state
+        rec = store.ensure_queue(root, self.name, state.kind)
+        state.check_record(rec)
+        holds.recover(rec, state.clock())             # durable holds
+        self.recovered = rec.recover_inflight()
+
+
 _seq, _skey, _receive_count = (operator.attrgetter(name)
                                for name in ("seq", "skey", "receive_count"))
 
@@ -240,21 +263,18 @@ class LocalArbiter:
     # -- opening -------------------------------------------------------------------------
 
     def load(self):
-        """Create or check the queue record, recover what was in flight, load the ready set."""
+        """Create or check the queue record, recover what was in flight, load the ready set.
+
+        The writes go through the committer like every other write of the queue: its
+        connection is then the only one that ever writes this queue (see
+        segments.write_alone), even while another thread opens a queue of the same storage
+        or moves a dead letter here."""
+        opening = _Opening(self.name, self.state)
+        self.committer.submit([opening], lead=True).wait()
+        self.recovered = opening.recovered
         tm = transaction.TransactionManager()
         conn = self.state.database.db.open(transaction_manager=tm)
         try:
-            for attempt in itertools.count():
-                try:
-                    with tm:
-                        rec = store.ensure_queue(conn.root(), self.name, self.state.kind)
-                        self.state.check_record(rec)
-                        holds.recover(rec, self.state.clock())   # durable holds
-                        self.recovered = rec.recover_inflight()
-                    break
-                except ConflictError:
-                    if attempt >= 10:
-                        raise
             tm.begin()
             rec = conn.root()[store.ROOT_KEY].queues[self.name]
             self._load_ready(rec)

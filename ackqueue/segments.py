@@ -19,6 +19,7 @@ import heapq
 import pickle
 from bisect import bisect_left
 import struct
+import weakref
 from collections import namedtuple
 from itertools import repeat
 
@@ -29,11 +30,26 @@ from ZODB.POSException import ConflictError
 from .journal import JOURNAL_BATCH, KeyJournal, KeyRuns
 
 __all__ = ["SegmentedIndex", "Segment", "KeySet", "KeySegment", "MessageIndex", "Msg",
-           "merge_entries"]
+           "merge_entries", "write_alone"]
 
 _MISSING = object()
 _PROTOCOL = 4
 RETIRED = b"retired"       # the state of a segment that was emptied and unlinked
+
+# The ZODB connections that are the only writer of the indexes they change (a lone
+# process's committer, see commit.Committer).  An index segment emptied by such a
+# connection, and unlinked (SegmentedIndex.discard_sorted), is not written at all: the
+# retired mark that _unlink writes is there for a concurrent transaction that still sees
+# the segment linked and changes it, and there is none.  An ack_many of 100 neighbouring
+# messages then writes the tree's bucket instead of six or seven retired segments.
+_writing_alone = weakref.WeakSet()
+
+
+def write_alone(connection):
+    """Declare connection the only one that will ever write the indexes it changes: no
+    other transaction, in this process or another, may change them while it lives."""
+    _writing_alone.add(connection)
+
 
 # A message index's journal (MessageIndex, store format 7) is folded into its segments
 # once it holds more than INBOX_KEYS new messages (a segment's worth), or more than
@@ -242,11 +258,26 @@ class SegmentedIndex(Persistent):
         key by key."""
         segments = self.segments
         touched = []
+        # Writing alone (see write_alone), a segment whose every key goes, below the last
+        # one, leaves the tree unwritten: nothing can see it linked any more.  Unless this
+        # transaction changed it already (then it is written anyway, and retired below).
+        last = None
+        if self.unlink_emptied and keys and self._p_jar in _writing_alone:
+            try:
+                last = segments.maxKey()
+            except ValueError:            # no segments: nothing to empty
+                pass
         for number, i, j in _segment_spans(keys, self.bits):
             segment = segments.get(number)
             if segment is not None:
                 data = segment.data       # (loads a ghost before it is marked changed)
                 if j - i >= len(data) and data.keys() <= set(keys[i:j]):
+                    if last is not None and number < last and not segment._p_changed:
+                        del segments[number]
+                        # Its data is garbage from now on: a ghost frees it, and if this
+                        # commit is retried the segment, linked again, loads as stored.
+                        segment._p_deactivate()
+                        continue
                     if data:
                         data.clear()
                         segment._p_changed = True
@@ -271,7 +302,8 @@ class SegmentedIndex(Persistent):
     def _unlink(self, number, segment):
         # The segment is written too, as retired: a concurrent transaction that adds to it
         # (it still sees it linked) then conflicts with this one instead of adding a key
-        # to a segment nothing refers to any more.
+        # to a segment nothing refers to any more.  (Where no such transaction can exist,
+        # discard_sorted leaves the segment unwritten: see write_alone.)
         segment.retire()
         del self.segments[number]
 

@@ -78,7 +78,11 @@ class Database:
         self.owned = owned            # we opened it, so we close it
         self.exclusive = exclusive    # no other process can write it: in-flight at open is stale
         self.description = description
-        self.committer = Committer(db, description="ackqueue")
+        # Ours and held alone: nothing but this committer writes its queues (their
+        # opening too, LocalArbiter.load), which spares it writes that only guard against
+        # a concurrent writer.  An application's own db= may write them in its own
+        # transactions (connection._AppTransactionBlock); another process through ZEO too.
+        self.committer = Committer(db, description="ackqueue", alone=owned and exclusive)
         self.states = {}              # queue name -> QueueState
         self.lock = threading.Lock()  # guards states and refs
         self.refs = 0

@@ -185,6 +185,113 @@ def test_an_ack_that_empties_an_old_message_segment_unlinks_it_in_that_commit(tm
         assert segment_numbers(q) == ([18], 2)
 
 
+def _retired_records(path):
+    """How many records of the file at path store a segment as retired (its state
+    segments.RETIRED), read with FileStorage's iterator."""
+    import io
+    import pickle
+
+    storage = FileStorage(path, read_only=True)
+    count = 0
+    try:
+        for txn in storage.iterator():
+            for rec in txn:
+                if rec.data is None:
+                    continue
+                unpickler = pickle.Unpickler(io.BytesIO(rec.data))
+                unpickler.persistent_load = lambda ref: ref
+                unpickler.load()                  # the class
+                count += unpickler.load() == segments.RETIRED
+    finally:
+        storage.close()
+    return count
+
+
+def _take_100_of_300(q):
+    q.put_many(range(300))                      # seqs 1-300: segments 0 to 18
+    q.ack_many(q.get_many(100))                 # empties segments 0 to 5 (seqs 1-95)
+
+
+def test_a_lone_process_leaves_the_segments_an_ack_many_empties_unwritten(tmp_path):
+    """Its committer is the only writer of its queues (Committer(alone=True)), so a
+    segment emptied and unlinked is not written as retired: nothing else can see it linked.
+    The file reopens with the other 200 messages, in order."""
+    path = str(tmp_path / "q.fs")
+    with AckQueue(path=path) as q:
+        assert q._database.committer.alone
+        _take_100_of_300(q)
+    assert _retired_records(path) == 0
+    with AckQueue(path=path) as q:
+        assert q.qsize() == 200
+        assert q.get_many(300) == list(range(100, 300))
+
+
+def test_a_queue_in_an_applications_db_still_writes_the_segments_it_empties_as_retired(
+        tmp_path):
+    """An application's own connections may write the queue in their transactions
+    (db=): a concurrent one that adds to an unlinked segment must conflict with the
+    retired mark, so the committer is not alone and writes it."""
+    path = str(tmp_path / "app.fs")
+    db = ZODB.DB(FileStorage(path))
+    try:
+        with AckQueue(db=db) as q:
+            assert not q._database.committer.alone
+            _take_100_of_300(q)
+    finally:
+        db.close()
+    assert _retired_records(path) == 6          # segments 0 to 5
+
+
+def test_a_lone_process_opens_a_queue_through_its_committer(tmp_path):
+    """The opening's writes (the queue record, what was in flight given back) are a
+    committer commit too: nothing but the committer writes the queue.  (That a queue of
+    another kind is still refused at open, and what was in flight given back, the tests
+    of those show.)"""
+    path = str(tmp_path / "q.fs")
+    with AckQueue(path=path) as q:
+        committer = q._database.committer
+        before = committer.commits
+        with AckQueue(path=path, name="other") as other:
+            assert committer.commits == before + 1
+            other.put(1)
+            assert other.get() == 1
+
+
+def test_writing_alone_an_emptied_segment_is_unlinked_unwritten_and_an_abort_relinks_it():
+    """A connection declared alone (segments.write_alone) unlinks a message segment that
+    discard_sorted empties without changing it: it becomes a ghost (its data freed, not
+    written).  If the commit is abandoned and retried, the segment is linked again and
+    loads as stored.  A segment this transaction changed already is written anyway: it is
+    retired, as when not alone."""
+    from ackqueue.segments import MessageIndex
+    db = ZODB.DB(MappingStorage())
+    tm = transaction.TransactionManager()
+    conn = db.open(transaction_manager=tm)
+    try:
+        segments.write_alone(conn)
+        tm.begin()
+        conn.root()["m"] = index = MessageIndex()
+        index.set_many((key, (b"x", 0, 0.0, 0, None, None, None)) for key in range(40))
+        tm.commit()                                 # segments 0, 1, 2 (16 keys each)
+        first = index.segments[0]
+        index.discard_sorted(list(range(16)))       # all of segment 0
+        assert list(index.segments) == [1, 2]
+        assert first._p_status == "ghost"           # not changed: nothing written
+        tm.abort()
+        assert list(index.segments) == [0, 1, 2]
+        assert sorted(index.segments[0].data) == list(range(16))
+
+        second = index.segments[1]
+        index.discard_sorted([16])                  # changed in this transaction ...
+        index.discard_sorted(list(range(17, 32)))   # ... then emptied
+        assert list(index.segments) == [0, 2]
+        assert second.retired and second._p_changed
+        tm.abort()
+    finally:
+        conn.close()
+        db.close()
+
+
 def test_a_put_into_a_message_segment_unlinked_meanwhile_makes_it_again():
     """Several threads commit their puts one by one: a lower seq may arrive after its
     segment was emptied and unlinked.  (Each commit folds the index's journal here, as
