@@ -15,12 +15,14 @@ ratios to the first tree's run of the same round.  A slow spell then falls on ev
 of a round alike, which separate runs minutes apart do not promise (the rule own_cost.cpu
 follows too).
 
-Each round starts one tree further along the list (round r runs the trees from the r-th
-on, then the ones before it), so that each tree runs at each place of a round as often as
-the others: what a run leaves behind for the next one (the page cache full of another
-contender's dirty pages, a disk still writing them back) then falls on every tree alike
-instead of always on the one after it.  --order fixed keeps the list's order in every
-round, as before.
+The order changes from round to round (--order alternate, the default): round r starts
+r//2 trees further along the list, and every other round runs backwards.  Each tree then
+runs at each place of a round, and after different trees, as often as the others, so that
+what a run leaves behind for the next one (dirty pages still being written back, a
+deleted file's blocks being freed) falls on every tree alike instead of always on the
+one after the same tree.  --order rotate only starts each round one tree further along
+(the tree before each one stays the same but at the rounds' edges); --order fixed keeps
+the list's order in every round.
 """
 import argparse
 import json
@@ -69,8 +71,9 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--contender", default="ackqueue",
                    help="the contender run in every tree (default %(default)s)")
-    p.add_argument("--order", choices=("rotate", "fixed"), default="rotate",
-                   help="rotate: each round starts one tree further along (default); "
+    p.add_argument("--order", choices=("alternate", "rotate", "fixed"), default="alternate",
+                   help="alternate: each other round backwards, and starting further along "
+                        "(default); rotate: each round starts one tree further along; "
                         "fixed: the same order every round")
     p.add_argument("trees", nargs="+", metavar="TREE_OR_CONTENDER")
     args = p.parse_args(argv)
@@ -99,13 +102,16 @@ def main(argv=None):
               + ", ".join(map(_shown, values)))
 
 
-def round_order(trees, r, order="rotate"):
-    """The order in which round r (from 0) runs trees: rotated by r places, or as
-    given with order "fixed"."""
+def round_order(trees, r, order="alternate"):
+    """The order in which round r (from 0) runs trees (see the module docstring):
+    "alternate" rotated by r//2 places and reversed in odd rounds, "rotate" rotated by r
+    places, "fixed" as given."""
+    trees = list(trees)
     if order == "fixed" or not trees:
-        return list(trees)
-    start = r % len(trees)
-    return list(trees[start:]) + list(trees[:start])
+        return trees
+    start = (r // 2 if order == "alternate" else r) % len(trees)
+    out = trees[start:] + trees[:start]
+    return out[::-1] if order == "alternate" and r % 2 else out
 
 
 def _shown(value):

@@ -3,7 +3,8 @@
 For each of ackqueue (fsync), the lean queue (benchmarks/lean.py), the lean queue writing
 ackqueue's Counters in every commit (lean.py, counted=True) and ackqueue's floor
 (benchmarks/contenders/ackqueue_floor.py), and with --cpu and --instructions the lean
-queue keeping what ackqueue's guarantees add per message (lean.py, guarded=True), in one
+queue keeping what ackqueue's guarantees add per message (lean.py, guarded=True), and
+with --instructions that queue writing the Counters too (lean-guarantees), in one
 thread on a fresh file: N puts, then N get+acks one at a time (scenario (a)), then the
 same in batches of 100 (scenario (d)).  It reports, per phase:
 
@@ -279,6 +280,15 @@ class _LeanGuardedOS(_LeanOS):
     guarded = True
 
 
+class _LeanGuaranteesOS(_LeanOS):
+    """Both floors at once (lean.py, guarded and counted; the suite's lean-guarantees,
+    here on FileStorage without fsync as the other lean queues of --instructions)."""
+
+    label = "ZODB lean + records + Counters (no fsync)"
+    counted = True
+    guarded = True
+
+
 class _FloorOS(_Floor):
     label = "floor (durability os)"
 
@@ -318,7 +328,7 @@ def cpu(kinds, n, reps):
 # --instructions: each phase that fills a queue, and the phase that empties it after.
 _PAIRS = (("put", "get+ack"), ("put_many(100)", "get_many+ack_many(100)"))
 _INSTRUCTION_KINDS = {"ackqueue": _AckOS, "lean": _LeanOS, "lean-counted": _LeanCountedOS,
-                      "lean-guarded": _LeanGuardedOS}
+                      "lean-guarded": _LeanGuardedOS, "lean-guarantees": _LeanGuaranteesOS}
 
 
 THREADS = "(c) 4+4 threads"     # the phase of --instructions that runs scenario (c)

@@ -36,13 +36,17 @@ def test_interleaved_refuses_a_name_that_is_neither_a_tree_nor_a_contender():
     assert "'no-such-queue' is neither a directory nor a contender id" in done.stderr
 
 
-def test_interleaved_rounds_rotate_so_each_tree_runs_at_each_place():
+def test_interleaved_rounds_vary_each_trees_place_and_the_tree_before_it():
     from benchmarks.interleaved import round_order
-    trees = ["main", "base", "lean"]
-    orders = [round_order(trees, r) for r in range(3)]
-    assert orders == [["main", "base", "lean"], ["base", "lean", "main"],
-                      ["lean", "main", "base"]]
-    for place in range(3):              # every tree once at every place in three rounds
-        assert sorted(order[place] for order in orders) == sorted(trees)
-    assert round_order(trees, 4) == orders[1]
-    assert round_order(trees, 2, "fixed") == trees
+    trees = ["main", "base", "lean", "pq"]
+    orders = [round_order(trees, r) for r in range(2 * len(trees))]
+    for order in orders:
+        assert sorted(order) == sorted(trees)
+    for place in range(len(trees)):    # every tree twice at every place in 2k rounds
+        column = [order[place] for order in orders]
+        assert all(column.count(tree) == 2 for tree in trees)
+    for tree in trees:                 # and after more than one other tree
+        before = {order[order.index(tree) - 1] for order in orders if order[0] != tree}
+        assert len(before) > 1
+    assert round_order(trees, 1, "rotate") == ["base", "lean", "pq", "main"]
+    assert round_order(trees, 3, "fixed") == trees
