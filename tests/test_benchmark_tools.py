@@ -50,3 +50,17 @@ def test_interleaved_rounds_vary_each_trees_place_and_the_tree_before_it():
         assert len(before) > 1
     assert round_order(trees, 1, "rotate") == ["base", "lean", "pq", "main"]
     assert round_order(trees, 3, "fixed") == trees
+
+
+def test_the_suite_runs_every_other_repetition_backwards(tmp_path):
+    from benchmarks.scenarios.table import repetition_order
+    contenders = ["persist-queue", "ackqueue", "lean"]
+    assert repetition_order(contenders, 0) == contenders
+    assert repetition_order(contenders, 1) == contenders[::-1]
+    assert repetition_order(contenders, 2) == contenders
+    done = _run("benchmarks", "--quick", "--scenario", "b", "--repeat", "2",
+                "--contender", "stdlib,ackqueue-memory", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    runs = [line.split("]", 1)[1].split()[0] for line in done.stdout.splitlines()
+            if line.strip().startswith("[")]
+    assert runs == ["queue.Queue", "ackqueue", "ackqueue", "queue.Queue"]

@@ -76,13 +76,21 @@ def summarise(contenders, runs):
     return results
 
 
+def repetition_order(contenders, rep):
+    """The order of repetition rep (from 0): the table's, backwards every other time, so
+    that no contender always runs right after the same one (a run's leftovers, such as
+    dirty pages still being written back or a deleted file's blocks being freed, then
+    fall on different contenders)."""
+    return list(contenders)[::-1] if rep % 2 else list(contenders)
+
+
 def run_scenario(key, contenders, args, tmp_root, counts):
     module = TABLE[key]
     print(f"\n{module.TITLE}", flush=True)
     runs = {c.label: [] for c in contenders}
     started = time.perf_counter()
     for rep in range(args.repeat):
-        for c in contenders:
+        for c in repetition_order(contenders, rep):
             n = count_of(c, module.KIND, counts)
             r = run_one(c, key, n, tmp_root)
             r["count"] = n
