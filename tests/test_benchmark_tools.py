@@ -52,15 +52,22 @@ def test_interleaved_rounds_vary_each_trees_place_and_the_tree_before_it():
     assert round_order(trees, 3, "fixed") == trees
 
 
-def test_the_suite_runs_every_other_repetition_backwards(tmp_path):
-    from benchmarks.scenarios.table import repetition_order
+def test_the_suite_runs_every_other_repetition_backwards(tmp_path, capsys):
+    """The order function, and the scenario loop that uses it: (b) with two in-memory
+    contenders over two repetitions (in this process: the suite's runner also reads the
+    machine with psutil, which only the bench extra installs)."""
+    import types
+
+    from benchmarks.contenders import ackqueue, stdlib
+    from benchmarks.scenarios.table import repetition_order, run_scenario
     contenders = ["persist-queue", "ackqueue", "lean"]
     assert repetition_order(contenders, 0) == contenders
     assert repetition_order(contenders, 1) == contenders[::-1]
     assert repetition_order(contenders, 2) == contenders
-    done = _run("benchmarks", "--quick", "--scenario", "b", "--repeat", "2",
-                "--contender", "stdlib,ackqueue-memory", "--out", str(tmp_path))
-    assert done.returncode == 0, done.stderr
-    runs = [line.split("]", 1)[1].split()[0] for line in done.stdout.splitlines()
+    args = types.SimpleNamespace(repeat=2, quick=True)
+    result = run_scenario("b", [stdlib.CONTENDER, ackqueue.MEMORY], args, str(tmp_path),
+                          {"n": (30, 30), "batch_n": (100, 100), "samples": (5, 5)})
+    runs = [line.split("]", 1)[1].split()[0] for line in capsys.readouterr().out.splitlines()
             if line.strip().startswith("[")]
     assert runs == ["queue.Queue", "ackqueue", "ackqueue", "queue.Queue"]
+    assert all(len(r["runs"]) == 2 for r in result["results"].values())
