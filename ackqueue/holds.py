@@ -129,12 +129,8 @@ def of(state):
 
 # -- store operations ---------------------------------------------------------------------
 
-class _Op:
-    apply_run = None
+class _Op(store.Operation):
     name = None
-
-    def check(self, root):
-        pass
 
 
 def _table(rec, create=False):

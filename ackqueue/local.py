@@ -195,21 +195,16 @@ def _fresh_meta(cached):
     return Meta(body, priority, sent_at, 0, None, None, expires_at, attributes)
 
 
-class _Opening:
-    """LocalArbiter.load's writes, as the one operation of a committer unit (the protocol
-    of ackqueue.store's operations): create or check the queue record, drop the durable
-    holds whose deadline passed, give back what was in flight (its holders died with the
-    process that opened the file last).  Applied again from scratch if its commit is
-    retried."""
+class _Opening(store.Operation):
+    """LocalArbiter.load's writes, as the one operation of a committer unit: create or
+    check the queue record, drop the durable holds whose deadline passed, give back what
+    was in flight (its holders died with the process that opened the file last).  Applied
+    again from scratch if its commit is retried."""
 
     __slots__ = ("name", "state", "recovered")
-    apply_run = check_run = None        # applied alone (store.apply_unit)
 
     def __init__(self, name, state):
         self.name, self.state, self.recovered = name, state, 0
-
-    def check(self, root):
-        pass
 
     def apply(self, root):
         state = self.state

@@ -107,7 +107,8 @@ __all__ = [
     "Compact", "needs_compaction", "DeadLetter", "Redrive", "Expire", "Purge", "PruneDedup",
     "SetDeadline", "DEFAULT_RETENTION", "MAX_RETENTION", "DEFAULT_DEDUP_WINDOW",
     "RegisterLease", "Beat", "DropLease", "ExpireLease", "ClaimLost", "LeaseLost",
-    "ensure_queue", "ensure_leases", "apply_unit", "MIGRATIONS", "UNRECORDED_FORMAT",
+    "ensure_queue", "ensure_leases", "apply_unit", "Operation", "MIGRATIONS",
+    "UNRECORDED_FORMAT",
     "catalog_format", "open_catalog",
 ]
 
@@ -933,6 +934,12 @@ class _Op:
 
     def check(self, root):
         """Raise Refused if this operation must not be applied (the default: always apply)."""
+
+
+# The base of a unit's operations defined outside this module (ackqueue.holds,
+# LocalArbiter's opening): check() and apply(root), applied alone unless they give an
+# apply_run.
+Operation = _Op
 
 
 class OwnWrite(_Op):
