@@ -406,6 +406,47 @@ def _pwrite_all(fd, data, pos):
         view, pos = view[written:], pos + written
 
 
+class _Pool(FilePool):
+    """FileStorage's pool of read-only file objects, with its write_lock (taken by every
+    commit's finish) a plain context manager instead of a generator-based one: the same
+    steps for 1.1 us instead of 1.9 here (benchmarks: a commit is 250-450 us)."""
+
+    def __init__(self, file_name):
+        super().__init__(file_name)
+        self._writing = _PoolWriteLock(self)
+
+    def write_lock(self):
+        return self._writing
+
+
+class _PoolWriteLock:
+    """FilePool.write_lock's steps, as __enter__ and __exit__ (one per pool: the pool
+    holds the state)."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def __enter__(self):
+        pool = self.pool
+        with pool._cond:
+            pool.writers += 1
+            while pool.writing or pool._out:
+                pool._cond.wait()
+            if pool.closed:
+                raise ValueError("closed")
+            pool.writing = True
+
+    def __exit__(self, *exc_info):
+        pool = self.pool
+        with pool._cond:
+            pool.writing = False
+            if pool.writers > 0:
+                pool.writers -= 1
+            pool._cond.notify_all()
+
+
 class MemoryScratchFileStorage(FileStorage):
     """A FileStorage that gathers each commit's records in memory, not in FILE.tmp.
 
@@ -428,7 +469,13 @@ class MemoryScratchFileStorage(FileStorage):
     pwrite, and the finish its status byte with another, on the storage file opened
     without Python's buffer: FileStorage's seeks, writes and flushes through a buffered
     file made four more system calls per commit (a seek before each of its two writes,
-    and an lseek after each flush).
+    and an lseek after each flush).  Where nothing can refuse the write (_defers: into
+    space written ahead on a file system that writes in place, SyncedFileStorage) the
+    vote only makes the transaction, with its final status, and the finish writes it whole with one pwrite: a system call less per
+    commit.  A crash between the two leaves nothing of it in the file, where FileStorage
+    left a transaction marked in progress that the next open cut off; one between the
+    write and the sync leaves what a crash there always left, the transaction written
+    and perhaps not synced (the open cuts a torn tail, ackqueue.tail).
     Unbuffered, nothing can hold bytes of the file that a later commit writes; the reads
     FileStorage makes through this file (a header now and then, undo, loadSerial) each
     make a system call or two, as they did after every commit's seek.  The file is
@@ -436,13 +483,24 @@ class MemoryScratchFileStorage(FileStorage):
     and again when a pack installs the packed file."""
 
     _unbuffered = False         # the storage file was reopened without a buffer
+    _voted = None               # the voted transaction its finish writes (see _defers)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        unused, self._files = self._files, self._pool_class(self._file_name)
+        unused.close()
         if self._tfile is not None:         # None when opened read-only
             self._tfile.close()
             self._new_scratch()
             self._unbuffer()
+
+    _pool_class = _Pool
+
+    def _defers(self, size):
+        """Whether a voted transaction of size bytes may be written by the finish alone:
+        only if no write of it can fail for want of space (so a full disk still refuses
+        a commit at its vote, which aborts it cleanly)."""
+        return False
 
     def _unbuffer(self):
         if _PWRITE:
@@ -465,22 +523,27 @@ class MemoryScratchFileStorage(FileStorage):
             dlen = self._tfile.tell()
             user, descr, ext = self._ude
             tl = self._thl + dlen
+            defer = self._defers(tl + 8)
+            h = TxnHeader(self._tid, tl, self._tstatus if defer else "c",
+                          len(user), len(descr), len(ext))
+            h.user = user
+            h.descr = descr
+            h.ext = ext
+            scratch = self._tfile.getbuffer()
             try:
-                h = TxnHeader(self._tid, tl, "c", len(user), len(descr), len(ext))
-                h.user = user
-                h.descr = descr
-                h.ext = ext
-                scratch = self._tfile.getbuffer()
+                data = b"".join((h.asString(), scratch[:dlen], p64(tl)))
+            finally:
+                scratch.release()     # the scratch can grow again once it is let go
+            if defer:
+                self._voted = data
+            else:
                 try:
-                    data = b"".join((h.asString(), scratch[:dlen], p64(tl)))
-                finally:
-                    scratch.release()     # the scratch can grow again once it is let go
-                _pwrite_all(self._file.fileno(), data, self._pos)
-            except BaseException:
-                # As FileStorage: a disk full, say; nothing of it is left in the file.
-                self._file.truncate(self._pos)
-                self._files.flush()
-                raise
+                    _pwrite_all(self._file.fileno(), data, self._pos)
+                except BaseException:
+                    # As FileStorage: a disk full, say; nothing of it is left in the file.
+                    self._file.truncate(self._pos)
+                    self._files.flush()
+                    raise
             self._nextpos = self._pos + (tl + 8)
             return self._resolved
 
@@ -488,8 +551,12 @@ class MemoryScratchFileStorage(FileStorage):
         # FileStorage._finish, the status byte written with one pwrite.
         if not self._unbuffered:
             return super()._finish(tid, u, d, e)
-        _pwrite_all(self._file.fileno(), as_bytes(self._tstatus), self._pos + 16)
+        voted, self._voted = self._voted, None
+        if voted is None:
+            _pwrite_all(self._file.fileno(), as_bytes(self._tstatus), self._pos + 16)
         try:
+            if voted is not None:       # the whole transaction, its status final
+                _pwrite_all(self._file.fileno(), voted, self._pos)
             self._finish_finish(tid)
         except BaseException:
             log.critical("ackqueue: a commit of %r failed after its vote; the storage is "
@@ -501,9 +568,17 @@ class MemoryScratchFileStorage(FileStorage):
         self._tfile = io.BytesIO()
         self._tfmt = TempFormatter(self._tfile)
 
+    def _abort(self):
+        if self._voted is not None:     # voted, and nothing of it written: nothing to cut
+            self._voted = None
+            self._nextpos = 0
+            self._blob_tpc_abort()
+        super()._abort()
+
     def _clear_temp(self):
         # Called at tpc_begin, tpc_finish and tpc_abort, under the storage's locks; after a
         # commit the scratch's position is the size of what it held.
+        self._voted = None
         if self._tfile is not None and self._tfile.tell() > SCRATCH_KEPT:
             self._new_scratch()
         super()._clear_temp()
@@ -678,7 +753,7 @@ class WatchedFileStorage(KnownTidsFileStorage):
 _fdatasync = getattr(os, "fdatasync", os.fsync)    # macOS has no fdatasync
 
 
-class _FreshReadPool(FilePool):
+class _FreshReadPool(_Pool):
     """FileStorage's pool of read-only file objects, each lent with its read buffer emptied
     (a seek to the end does that).  FileStorage counts on a read past the end of its data
     coming back short, which a buffered reader never keeps; over zeros written ahead
@@ -715,13 +790,22 @@ class SyncedFileStorage(WatchedFileStorage):
     A failure to write them (a full disk) is logged once and commits go on appending."""
 
     _ahead_end = 0          # where the zeros written ahead end (0: none written yet)
+    _zeros_end = 0          # as _ahead_end, but 0 also after a failure to write them
     _packs = 0              # packs running: no zeros while ZODB's packer reads the file
     _ahead_failed = False
+    _pool_class = _FreshReadPool
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        unused, self._files = self._files, _FreshReadPool(self._file_name)
-        unused.close()
+        self._in_place = _writes_in_place(self._file.fileno())
+
+    def _defers(self, size):
+        # Overwriting zeros written (and synced) ahead allocates nothing on a file system
+        # that writes in place; on a copy-on-write one a full disk could refuse it, and
+        # so could a limit on this process's file sizes (RLIMIT_FSIZE, read at each
+        # commit: a system call of 0.5 us here, where a write is 2.3).
+        end = self._pos + size
+        return self._in_place and end <= self._zeros_end and _within_size_limit(end)
 
     def _sync(self):
         _fdatasync(self._file.fileno())
@@ -748,6 +832,7 @@ class SyncedFileStorage(WatchedFileStorage):
             # The commit before this is whole and synced; only zeros are lost.  Commits
             # append from here (try again once another AHEAD bytes were committed).
             self._ahead_end = self._pos + AHEAD
+            self._zeros_end = 0
             if start is not None:
                 try:
                     self._file.truncate(start)
@@ -758,16 +843,16 @@ class SyncedFileStorage(WatchedFileStorage):
                 log.warning("ackqueue: cannot write space ahead in queue file %r (%s); "
                             "commits go on, each growing the file", self._file_name, exc)
             return
-        self._ahead_end = start + AHEAD
+        self._ahead_end = self._zeros_end = start + AHEAD
 
     def _abort(self):
         # A transaction aborted after its vote wrote it: FileStorage cuts the file at the
         # last commit's end, the zeros with it, and the next commit writes them again.
         # (One aborted before, on a conflict say, left them where they were.)
-        written = bool(self._nextpos)
+        written = bool(self._nextpos) and self._voted is None
         super()._abort()
         if written:
-            self._ahead_end = 0
+            self._ahead_end = self._zeros_end = 0
 
     def _cut_ahead(self):
         """Cut the zeros off (the commit lock held, or no commit under way)."""
@@ -779,7 +864,7 @@ class SyncedFileStorage(WatchedFileStorage):
                     self._file.truncate(self._pos)
         except (OSError, ValueError):         # closed already, or the file went away
             pass
-        self._ahead_end = 0
+        self._ahead_end = self._zeros_end = 0
 
     def pack(self, t, referencesf, gc=None):
         self._commit_lock.acquire()
@@ -792,7 +877,7 @@ class SyncedFileStorage(WatchedFileStorage):
             return super().pack(t, referencesf, gc)
         finally:
             self._packs -= 1
-            self._ahead_end = 0     # the next commit writes ahead in the packed file
+            self._ahead_end = self._zeros_end = 0   # the next commit writes ahead anew
 
     def close(self):
         self._cut_ahead()
@@ -800,6 +885,42 @@ class SyncedFileStorage(WatchedFileStorage):
 
 
 _ZEROS = bytes(AHEAD)
+
+# File systems that overwrite a file's written blocks in place, where a write over bytes
+# already written cannot fail for want of space (see SyncedFileStorage._defers).  Not
+# copy-on-write or log-structured ones (btrfs, ZFS, f2fs, bcachefs), nor network ones,
+# whose server may be either.
+_IN_PLACE_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "tmpfs"})
+
+
+def _writes_in_place(fd, mountinfo="/proc/self/mountinfo"):
+    """Whether open file fd is on a file system of _IN_PLACE_FILE_SYSTEMS, as Linux's
+    mountinfo says for its device; False wherever that cannot be told."""
+    try:
+        dev = os.fstat(fd).st_dev
+        wanted = f"{os.major(dev)}:{os.minor(dev)}"
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == wanted and "-" in fields:
+                    return fields[fields.index("-", 6) + 1] in _IN_PLACE_FILE_SYSTEMS
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    return False
+
+
+try:
+    import resource as _resource
+except ImportError:                 # Windows: no pwrite, so nothing is deferred there
+    _resource = None
+
+
+def _within_size_limit(end):
+    """Whether this process may write a file up to end bytes (RLIMIT_FSIZE)."""
+    if _resource is None:
+        return False
+    limit = _resource.getrlimit(_resource.RLIMIT_FSIZE)[0]
+    return limit == _resource.RLIM_INFINITY or end <= limit
 
 
 class OSDurableFileStorage(WatchedFileStorage):
