@@ -819,8 +819,31 @@ class MessageIndex(SegmentedIndex):
     def _inbox_grew(self, holder, size):
         """The inbox now holds size bytes of bodies: fold it past its bounds."""
         holder._v_inbox_bytes = size
-        if len(holder.inbox) > INBOX_KEYS or size > INBOX_BYTES:
+        if size > INBOX_BYTES:
             self.fold()
+        elif len(holder.inbox) > INBOX_KEYS:
+            self._fold_below_last(holder)
+
+    def _fold_below_last(self, holder):
+        """Fold the inbox's messages below its highest segment into their segments, and
+        keep that segment's in the inbox (all of it, if the inbox holds no other).
+
+        Why: new messages take ascending seqs, so the INBOX_KEYS + 1 messages of a full
+        inbox span two segments, the last one barely begun.  Folding them all wrote both,
+        and the next fold wrote the second again; keeping the last segment's messages
+        until the following fold writes each segment once, whole.  gone is left to its
+        own bound."""
+        inbox, bits = holder.inbox, self.bits
+        last = max(inbox) >> bits
+        keep = {key: value for key, value in inbox.items() if key >> bits == last}
+        if len(keep) == len(inbox):
+            self.fold()
+            return
+        holder.inbox = keep
+        holder._v_inbox_bytes = sum(len(value[0] or b"") for value in keep.values())
+        holder._p_changed = True
+        self._new_in_segments()
+        self._set_many(sorted(item for item in inbox.items() if item[0] >> bits != last))
 
     def set_many(self, pairs):
         self.set_stored([(key, _stored(value)) for key, value in pairs])

@@ -2,6 +2,7 @@
 index's last fold kept in the queue's Counters, so that a put or an ack of one message
 writes one record.  A model of the index under random changes, real concurrent commits
 from two connections, the format 6 file, and a real SIGKILL."""
+import collections
 import random
 import signal
 
@@ -133,11 +134,16 @@ def test_the_journal_is_folded_at_its_bounds():
                 messages[s] = msg(s)
             assert len(holder.inbox) == segments.INBOX_KEYS and not physical(messages)
             messages[segments.INBOX_KEYS + 1] = msg(0)
-            assert not holder.inbox and len(physical(messages)) == segments.INBOX_KEYS + 1
+            # Folded below the inbox's last segment; that segment's messages stay.
+            last = (segments.INBOX_KEYS + 1) >> messages.bits
+            seqs = range(1, segments.INBOX_KEYS + 2)
+            assert sorted(holder.inbox) == [s for s in seqs if s >> messages.bits == last]
+            assert sorted(physical(messages)) == [s for s in seqs
+                                                  if s >> messages.bits != last]
             big = b"b" * (segments.INBOX_BYTES // 2 + 1)
             messages[100] = msg(100, big)
-            messages[101] = msg(101, big)          # the bodies pass INBOX_BYTES
-            assert not holder.inbox and 101 in physical(messages)
+            messages[101] = msg(101, big)          # the bodies pass INBOX_BYTES: all of it
+            assert not holder.inbox and {16, 17, 100, 101} <= physical(messages).keys()
             for s in range(1, segments.GONE_KEYS + 2):
                 messages[1000 + s] = msg(s)
             messages.fold()
@@ -146,6 +152,52 @@ def test_the_journal_is_folded_at_its_bounds():
             assert holder.gone.count == segments.GONE_KEYS
             del messages[1000 + segments.GONE_KEYS + 1]
             assert not holder.gone.count and 1001 not in physical(messages)
+    finally:
+        db.close()
+
+
+def test_a_full_inbox_keeps_its_last_segments_messages_so_each_segment_is_written_once(
+        tmp_path):
+    """Puts one at a time (ascending seqs) fold the inbox every INBOX_KEYS puts, each fold
+    writing the one segment that the inbox's messages fill; before, each fold wrote the
+    two segments its INBOX_KEYS + 1 messages span, the second of them again at the next
+    fold.  Read from the file: the records of the index's segments."""
+    db = ZODB.DB(FileStorage(str(tmp_path / "msg.fs")))
+    try:
+        with db.transaction() as conn:
+            journaled(conn.root())
+        per = 1 << MessageIndex().bits                  # messages in a segment
+        for s in range(per, 9 * per):                   # segments 1 to 8, one put each
+            with db.transaction() as conn:
+                conn.root()["messages"][s] = msg(s)
+        with db.transaction() as conn:
+            messages = conn.root()["messages"]
+            assert sorted(messages.journal_holder.inbox) == list(range(8 * per, 9 * per))
+            assert list(messages.keys()) == list(range(per, 9 * per))
+            oids = {segment._p_oid: number
+                    for number, segment in messages.segments.items()}
+        written = collections.Counter()
+        for txn in db.storage.iterator():
+            for rec in txn:
+                if rec.oid in oids:
+                    written[oids[rec.oid]] += 1
+        assert written == {number: 1 for number in range(1, 8)}
+    finally:
+        db.close()
+
+
+def test_an_inbox_within_one_segment_folds_whole():
+    """An index of 64-message segments (files made before 16): INBOX_KEYS + 1 new
+    messages may all be in one segment, and the inbox then folds as a whole."""
+    db = ZODB.DB(MappingStorage())
+    try:
+        with db.transaction() as conn:
+            counts = conn.root()["counts"] = store.Counters()
+            messages = MessageIndex(bits=6, journal_holder=counts)
+            for s in range(1, segments.INBOX_KEYS + 2):
+                messages[s] = msg(s)
+            assert not counts.inbox
+            assert sorted(physical(messages)) == list(range(1, segments.INBOX_KEYS + 2))
     finally:
         db.close()
 
@@ -313,10 +365,11 @@ def test_a_put_beside_a_fold_conflicts_even_with_the_same_new_seq(two):
     of them folds the inbox, the inboxes alone cannot tell: a fold (or any write of new
     messages to the segments) conflicts with every concurrent new message."""
     (tm_a, a), (tm_b, b) = two
-    for s in range(30, 30 + segments.INBOX_KEYS - 2):
-        a[s] = msg(s)            # a's inbox passes its bound with 99: it folds
+    for s in range(30, 30 + segments.INBOX_KEYS - 3):
+        a[s] = msg(s)
     a[99] = msg(99, b"a")
-    assert not a.journal_holder.inbox
+    a[120] = msg(120)            # a's inbox passes its bound: it folds all but 120
+    assert list(a.journal_holder.inbox) == [120]
     b[99] = msg(99, b"b")        # the same new seq, into b's inbox
     tm_a.commit()
     with pytest.raises(ConflictError):
