@@ -203,6 +203,9 @@ class Committer:
         self.defer_delay = DEFER_DELAY
         self._tm = transaction.TransactionManager(explicit=True)
         self._conn = db.open(transaction_manager=self._tm)
+        # The connection's root: the same object in every transaction (conn.root() makes
+        # a wrapper around it at each call).
+        self._root = self._conn.root()
         self.alone = alone
         if alone:
             write_alone(self._conn)
@@ -411,7 +414,7 @@ class Committer:
             refused = {}
             tm.begin()
             try:
-                root = conn.root()
+                root = self._root
                 for ticket in batch:
                     try:
                         ticket.apply(root)
