@@ -508,7 +508,7 @@ class QueueRecord(Persistent):
         body = op.body if len(op.body) <= LARGE_BODY else self._inline(op.seq, op.body)
         self.messages.set_stored_one(op.seq, _stored_put(op, body))
         if self.expiry is not None and op.expires_at is not None:
-            self._index_expiry(((op.seq, op.expires_at),))
+            self._index_expiry_one(op.seq, op.expires_at)
 
     def add_puts(self, puts):
         """Store the messages of Put operations (add_message for each, in one pass)."""
@@ -547,6 +547,16 @@ class QueueRecord(Persistent):
         counts.set_order(marker)
         if indexed:
             self.expiry.add_many(indexed)
+
+    def _index_expiry_one(self, seq, expires_at):
+        """_index_expiry of one message (every single put): split_ordered's rule, without
+        the lists it builds for a batch."""
+        counts = self.counts
+        last_at, last_seq = counts.order()
+        if expires_at >= last_at and seq > last_seq:
+            counts.set_order((expires_at, seq))     # ordered: the marker moves, no entry
+        else:
+            self.expiry.add_many(((seq, expires_at),))
 
     def _inline(self, seq, body):
         """What a message record keeps of body: itself, or None when it is large enough for
