@@ -85,6 +85,10 @@ class KeyRuns:
     def add(self, key):
         """Add key; True if it was not there."""
         starts, ends = self.starts, self.ends
+        if ends and ends[-1] == key:        # extends the last run (a FIFO queue's new key)
+            ends[-1] = key + 1
+            self.count += 1
+            return True
         i = bisect_right(starts, key) - 1
         if i >= 0 and key < ends[i]:
             return False

@@ -196,8 +196,8 @@ class SegmentedIndex(Persistent):
         return value
 
     def __contains__(self, key):
-        segment = self._segment(key)
-        return segment is not None and key in segment.data
+        segment = self.segments.get(key >> self.bits)     # _segment(key), inline: every
+        return segment is not None and key in segment.data  # put asks twice
 
     def __setitem__(self, key, value):
         segment = self._segment(key, create=True)
@@ -437,9 +437,10 @@ class KeySet(SegmentedIndex):
             return SegmentedIndex.add(self, key)
         journal = holder.journal
         if not journal.removed.discard(key):
-            if key in journal.added or SegmentedIndex.__contains__(self, key):
+            # Not removed: in the set if in its segments, else if in added (never both),
+            # which add() tells while it adds.
+            if SegmentedIndex.__contains__(self, key) or not journal.added.add(key):
                 return False
-            journal.added.add(key)
         self._journal_changed(holder, journal)
         return True
 
