@@ -158,10 +158,12 @@ class Ticket:
 
     def _settle(self, error):
         self.error = error
-        callback, arg = (self.on_commit, ()) if error is None else (self.on_fail, (error,))
         try:
-            if callback is not None:
-                callback(*arg)
+            if error is None:
+                if self.on_commit is not None:
+                    self.on_commit()
+            elif self.on_fail is not None:
+                self.on_fail(error)
         except Exception:  # a callback bug must not stall every later commit
             log.exception("ackqueue: commit callback failed")
         finally:
@@ -448,7 +450,9 @@ class Committer:
                 tm.abort()
                 return exc, {}
             self.commits += 1
-            self.units += len(batch) - len(refused)
-            self.refused += len(refused)
+            self.units += len(batch)
+            if refused:
+                self.units -= len(refused)
+                self.refused += len(refused)
             return None, refused
         return error, {}
