@@ -115,7 +115,8 @@ _dumps = functools.partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL)
 def _pickle(item):
     """Pickle an item; anything pickle refuses becomes UnpicklableItem."""
     try:
-        return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(item, pickle.HIGHEST_PROTOCOL)   # (the protocol as a keyword
+                                                             # parses slower, every put)
     except Exception as exc:
         raise UnpicklableItem(
             f"cannot queue a {type(item).__name__!r} item: it cannot be pickled ({exc})"

@@ -301,7 +301,8 @@ class Committer:
 
     def _lead(self):
         """Commit what is pending in the calling thread, if the baton is free."""
-        if not self._baton.acquire(blocking=False):
+        # acquire(False): do not block (not blocking=False: C parses a keyword slowly)
+        if not self._baton.acquire(False):
             return                  # the holder, or the thread it wakes, commits ours
         try:
             self._commit_pending()
