@@ -153,9 +153,14 @@ def check_wait(block, timeout):
     is an int (True: one second); otherwise a non-negative number or None."""
     if not block:
         return None
+    if type(timeout) in _PLAIN_NUMBERS and timeout >= 0:
+        return timeout        # the usual timeout, valid as it is (NaN is not >= 0)
     if isinstance(timeout, bool):
         return int(timeout)
     return check_timeout(timeout)
+
+
+_PLAIN_NUMBERS = (int, float)     # exactly these types: a bool or a subclass goes the long way
 
 
 def check_visibility(value):
@@ -599,17 +604,19 @@ class QueueConnection(ThreadBound):
                  raw=False):
         """One Holding (n None), or a list of 1 to n (all claimed under one mutex)."""
         self._check_thread()
-        timeout = check_wait(block, timeout)
+        if timeout is not None or block is not True:
+            timeout = check_wait(block, timeout)
+        front = self._front
         if visibility_timeout is DEFAULT:
-            visibility_timeout = self._front.visibility_timeout
-        visibility_timeout = check_visibility(visibility_timeout)
+            visibility_timeout = front.visibility_timeout
         if visibility_timeout is not None:
+            visibility_timeout = check_visibility(visibility_timeout)
             self._state.acknowledging = True
         txn = self._transaction_block()
+        # Ask's arguments by position: a class called with keywords builds a dict of them.
         ask = Ask(self, visibility_timeout, self._load_meta,
-                  record=not isinstance(txn, _AppTransactionBlock), shuffle=shuffle,
-                  policy=policy, prefetch=self._front.prefetch,
-                  prefetch_wait=self._front.prefetch_wait)
+                  not isinstance(txn, _AppTransactionBlock), shuffle, policy,
+                  front.prefetch, front.prefetch_wait)
         claimed = self._state.claim(self._front, ask, block, timeout, n=n or 1)
         if n is None:
             return self._hand_out(claimed, txn, raw)
