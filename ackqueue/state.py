@@ -469,7 +469,10 @@ class QueueState:
         Holding."""
         holding = Holding(seq, key, skey, next(self.tokens), holder, deadline, meta)
         self.inflight[seq] = holding
-        self._held_by(holder)[seq] = holding
+        held = self.holders.get(holder)
+        if held is None:                  # its first delivery
+            held = self._held_by(holder)
+        held[seq] = holding
         if deadline is not None:
             heapq.heappush(self.deadlines, (deadline, holding.token, seq))
             if self.deadlines[0][1] == holding.token:
