@@ -183,8 +183,11 @@ class SegmentedIndex(Persistent):
 
     # -- mapping --------------------------------------------------------------------------
 
+    # get and __contains__ find the segment themselves: they run several times with every
+    # put, get and ack, and a call of _segment (a method looked up on a persistent object)
+    # costs more than the lookup.
     def get(self, key, default=None):
-        segment = self._segment(key)
+        segment = self.segments.get(key >> self.bits)
         if segment is None:
             return default
         return segment.data.get(key, default)
@@ -196,8 +199,8 @@ class SegmentedIndex(Persistent):
         return value
 
     def __contains__(self, key):
-        segment = self.segments.get(key >> self.bits)     # _segment(key), inline: every
-        return segment is not None and key in segment.data  # put asks twice
+        segment = self.segments.get(key >> self.bits)
+        return segment is not None and key in segment.data
 
     def __setitem__(self, key, value):
         segment = self._segment(key, create=True)
@@ -924,10 +927,11 @@ class MessageIndex(SegmentedIndex):
             return SegmentedIndex.discard(self, key)
         if self._take_from_inbox(holder, key):
             return True
-        gone = holder.gone
-        if (gone.count and key in gone) or not SegmentedIndex.__contains__(self, key):
+        if not SegmentedIndex.__contains__(self, key):
             return False
-        gone.add(key)
+        gone = holder.gone
+        if not gone.add(key):         # deleted already (every seq in gone is in a segment)
+            return False
         self._gone_changed(holder, gone)
         return True
 
