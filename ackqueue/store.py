@@ -613,36 +613,39 @@ class QueueRecord(Persistent):
         return None if value is None else dedup_value(value)
 
     def delete_message(self, seq):
-        if self.expiry is not None:
-            self._unexpire([seq])
+        # (Runs with every ack: each persistent attribute is read once.)
+        expiry = self.expiry
+        if expiry is not None and expiry.slots:
+            self._unexpire(expiry, [seq])
         del self.messages[seq]
-        if self.bodies is not None and seq in self.bodies:
-            del self.bodies[seq]
+        bodies = self.bodies
+        if bodies is not None and seq in bodies:
+            del bodies[seq]
 
     def delete_messages(self, seqs):
         """delete_message() each of seqs (present ones, in ascending order), in one pass
         over the index."""
-        if self.expiry is not None:
-            self._unexpire(seqs)
+        expiry = self.expiry
+        if expiry is not None and expiry.slots:
+            self._unexpire(expiry, seqs)
         self.messages.discard_sorted(seqs)
-        if self.bodies is not None:
+        bodies = self.bodies
+        if bodies is not None:
             for seq in seqs:
-                if seq in self.bodies:
-                    del self.bodies[seq]
+                if seq in bodies:
+                    del bodies[seq]
 
-    def _unexpire(self, seqs):
+    def _unexpire(self, expiry, seqs):
         """Take messages about to be deleted out of the expiry index (reading each one's
         stored tuple as it is: this runs with every ack).  Messages put in deadline order
-        have no entry (expiry.py); an index without entries is not read."""
-        if not self.expiry.slots:
-            return
+        have no entry (expiry.py): callers skip an index without entries, unread."""
         stored_of, missing = self.messages.stored, ()
         pairs = []
         for seq in seqs:
             stored = stored_of(seq, missing)
             if len(stored) > _EXPIRES_AT:
                 pairs.append((seq, stored[_EXPIRES_AT]))
-        self.expiry.discard_many(pairs)
+        expiry.discard_many(pairs)
 
     def key_of(self, seq):
         """The store key of a message (its ready-set position)."""
