@@ -925,8 +925,8 @@ class MessageIndex(SegmentedIndex):
         holder = self.journal_holder
         if holder is None:
             return SegmentedIndex.discard(self, key)
-        if self._take_from_inbox(holder, key):
-            return True
+        if key in holder.inbox and self._take_from_inbox(holder, key):
+            return True               # (most seqs acknowledged are in no inbox: no call)
         if not SegmentedIndex.__contains__(self, key):
             return False
         gone = holder.gone
