@@ -471,11 +471,12 @@ class MemoryScratchFileStorage(FileStorage):
     file made four more system calls per commit (a seek before each of its two writes,
     and an lseek after each flush).  Where nothing can refuse the write (_defers: into
     space written ahead on a file system that writes in place, SyncedFileStorage) the
-    vote only makes the transaction, with its final status, and the finish writes it whole with one pwrite: a system call less per
-    commit.  A crash between the two leaves nothing of it in the file, where FileStorage
-    left a transaction marked in progress that the next open cut off; one between the
-    write and the sync leaves what a crash there always left, the transaction written
-    and perhaps not synced (the open cuts a torn tail, ackqueue.tail).
+    vote only makes the transaction, with its final status, and the finish writes it
+    whole with one pwrite: a system call less per commit.  A crash between the two
+    leaves nothing of it in the file, where FileStorage left a transaction marked in
+    progress that the next open cut off; one between the write and the sync leaves what
+    a crash there always left, the transaction written and perhaps not synced (the open
+    cuts a torn tail, ackqueue.tail).
     Unbuffered, nothing can hold bytes of the file that a later commit writes; the reads
     FileStorage makes through this file (a header now and then, undo, loadSerial) each
     make a system call or two, as they did after every commit's seek.  The file is
