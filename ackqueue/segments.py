@@ -843,11 +843,18 @@ class MessageIndex(SegmentedIndex):
         if len(keep) == len(inbox):
             self.fold()
             return
+        self._inbox_to_segments(holder, [item for item in inbox.items()
+                                         if item[0] >> bits != last], keep)
+
+    def _inbox_to_segments(self, holder, items, keep):
+        """Write items, (seq, stored) pairs of the inbox, into their segments and leave
+        keep, the rest of it, as the inbox."""
         holder.inbox = keep
         holder._v_inbox_bytes = sum(len(value[0] or b"") for value in keep.values())
         holder._p_changed = True
-        self._new_in_segments()
-        self._set_many(sorted(item for item in inbox.items() if item[0] >> bits != last))
+        if items:
+            self._new_in_segments()
+            self._set_many(sorted(items))
 
     def set_many(self, pairs):
         self.set_stored([(key, _stored(value)) for key, value in pairs])
@@ -988,12 +995,8 @@ class MessageIndex(SegmentedIndex):
         if holder is None or not (holder.inbox or holder.gone.count):
             return
         inbox, gone = holder.inbox, holder.gone
-        holder.inbox, holder.gone = {}, KeyRuns()
-        holder._v_inbox_bytes = 0
-        holder._p_changed = True
-        if inbox:
-            self._new_in_segments()
-            self._set_many(sorted(inbox.items()))
+        holder.gone = KeyRuns()
+        self._inbox_to_segments(holder, inbox.items(), {})
         if gone.count:
             SegmentedIndex.discard_sorted(self, list(gone))
 
