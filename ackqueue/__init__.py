@@ -12,8 +12,8 @@ from queue import Empty, Full
 
 from .browse import BrowsedMessage
 from .connection import QueueConnection
-from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ForbiddenClass,
-                     ItemTooLarge, NotAQueueFile, NotHeld, NotSupported, QueueFileGone,
+from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, EncodingRefused,
+                     ForbiddenClass, ItemTooLarge, PickleRefused, UnreadableItem, NotAQueueFile, NotHeld, NotSupported, QueueFileGone,
                      QueueKindMismatch, QueueLocked, ServerUnavailable, ShutDown, StaleAck,
                      StorageError, UnpicklableItem, UnsupportedFormat)
 from .message import Message, MessageId
@@ -27,4 +27,5 @@ __all__ = [
     "UnpicklableItem", "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch",
     "ServerUnavailable", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "queues",
     "BrowsedMessage", "CodecMismatch", "ForbiddenClass", "QueueFileGone", "NotSupported",
+    "EncodingRefused", "PickleRefused", "UnreadableItem",
 ]

@@ -53,10 +53,12 @@ class BrowsedMessage:
     sequence_number: int = None
     dead_letter_source: object = None
     allowed_classes: object = field(default=None, repr=False, compare=False)
+    codec: str = field(default=codec.PICKLE, repr=False, compare=False)
 
     @property
     def item(self):
-        return codec.decode(self.body, self.allowed_classes)
+        """The decoded item (a pickle only in a queue whose codec is "pickle")."""
+        return codec.decode(self.body, self.allowed_classes, self.codec)
 
 
 def browse(state, allowed=None):
@@ -90,7 +92,7 @@ def _from_snapshot(state, pick, allowed):
         now = state.clock()
         for count, (seq, msg, what, when, receive_count) in enumerate(pick(state, rec), 1):
             yield _browsed(state.name, rec, seq, msg, what, when, receive_count, now,
-                           allowed)
+                           allowed, state.codec)
             if count % GC_EVERY == 0:
                 conn.cacheGC()        # one message at a time: keep the cache small
     finally:
@@ -161,7 +163,7 @@ def _held(inflight):
         yield seq, IN_FLIGHT, deadline, receive_count
 
 
-def _browsed(name, rec, seq, msg, what, when, receive_count, now, allowed):
+def _browsed(name, rec, seq, msg, what, when, receive_count, now, allowed, queue_codec):
     return BrowsedMessage(
         MessageId(seq), what, rec.body_of(seq, msg), msg.priority,
         msg.receive_count if receive_count is None else receive_count, msg.sent_at,
@@ -170,4 +172,4 @@ def _browsed(name, rec, seq, msg, what, when, receive_count, now, allowed):
         deadline=when if what == IN_FLIGHT else None, expires_at=msg.expires_at,
         first_received=msg.first_received, last_received=msg.last_received,
         sequence_number=msg.sequence or seq, dead_letter_source=msg.source,
-        allowed_classes=allowed)
+        allowed_classes=allowed, codec=queue_codec)

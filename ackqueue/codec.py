@@ -22,7 +22,13 @@ items are *encoded*:
 - ``"str"``: str items only, as text;
 - ``"bytes"``: bytes items only.
 
-Decoding always follows the body's own mark, whatever the queue's codec.
+Decoding follows the body's own mark, with one exception that the codec decides: a queue
+whose codec is not "pickle" never unpickles.  Its consumers picked a codec whose items
+cannot run code, so a pickle body found in it (put by an older ackqueue, or by a process
+that wrote the file before the codec was recorded) is refused (PickleRefused) without
+being read.  The other way round, the bodies a queue *admits* from fronts that send
+already-encoded bytes (the service, ``put_many(encoded=True)``) are those of its codec
+alone, except that a "pickle" queue admits every encoding (``check_admitted``).
 
 Unpickling runs code named by the pickle: a consumer that reads a queue it does not fully
 trust passes an allow-list (``AckQueue(allowed_classes=...)``), and a pickle that names any
@@ -34,10 +40,11 @@ import io
 import json
 import pickle
 
-from .errors import ForbiddenClass, UnpicklableItem
+from .errors import EncodingRefused, ForbiddenClass, PickleRefused, UnpicklableItem
 
 __all__ = ["CODECS", "DEFAULT", "encode", "decode", "kind", "payload", "mark",
-           "check_codec", "allowed_set", "TEXT", "BYTES", "JSON", "PICKLE", "MARKS"]
+           "check_codec", "allowed_set", "TEXT", "BYTES", "JSON", "PICKLE", "MARKS",
+           "admits", "check_admitted", "refusal", "mark_text"]
 
 PICKLE, JSON, TEXT, BYTES = "pickle", "json", "str", "bytes"
 CODECS = (PICKLE, JSON, TEXT, BYTES)
@@ -53,6 +60,50 @@ def check_codec(codec):
     if codec is None or codec in CODECS:
         return codec
     raise ValueError(f"unknown codec {codec!r}: use one of {', '.join(CODECS)}")
+
+
+def admits(queue_codec, encoding):
+    """Whether a queue with codec queue_codec takes a body of this encoding (kind)."""
+    return queue_codec == PICKLE or encoding == queue_codec
+
+
+def check_admitted(queue_codec, bodies, name=None):
+    """Raise EncodingRefused for the first of the stored bodies whose encoding a queue
+    with codec queue_codec does not admit (see admits); name: the queue's, for the
+    message."""
+    if queue_codec == PICKLE:
+        return
+    for index, body in enumerate(bodies):
+        encoding = kind(body)
+        if encoding != queue_codec:
+            raise refusal(queue_codec, encoding, name, index)
+
+
+def refusal(queue_codec, encoding, name=None, index=None):
+    """The EncodingRefused for a body of encoding sent to a queue of queue_codec."""
+    where = "" if index is None else f"message {index}: "
+    queue = "the queue" if name is None else f"queue {name!r}"
+    return EncodingRefused(
+        f"{where}{queue} has codec {queue_codec!r} and takes {queue_codec} bodies only, "
+        f"not {encoding}", codec=queue_codec, encoding=encoding, index=index)
+
+
+def mark_text(queue_codec, data, name=None):
+    """The stored body for text a front receives as a string (SQS's and Sasquatch's
+    bodies), under the queue's codec: text in a "pickle" or "str" queue, its UTF-8 bytes
+    in a "bytes" queue, JSON in a "json" queue (EncodingRefused when it is not JSON).
+    data: UTF-8 bytes."""
+    if queue_codec in (PICKLE, TEXT):
+        return _TEXT + data
+    if queue_codec == BYTES:
+        return _BYTES + data
+    try:
+        json.loads(data)
+    except ValueError:
+        raise EncodingRefused(
+            f"{'the queue' if name is None else f'queue {name!r}'} has codec 'json': a "
+            "message body must be a JSON text", codec=JSON, encoding=TEXT) from None
+    return _JSON + data
 
 
 def encode(item, codec=DEFAULT):
@@ -190,8 +241,9 @@ class _AllowListUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def decode(body, allowed=None):
-    """The item a stored body holds.  A pickle is unpickled: with allowed (allowed_set's
+def decode(body, allowed=None, queue_codec=PICKLE):
+    """The item a stored body holds.  A pickle is unpickled only in a queue whose codec is
+    "pickle" (PickleRefused otherwise, nothing of it read): with allowed (allowed_set's
     result) only those classes may be named (ForbiddenClass otherwise)."""
     mark = body[0] if body else None
     if mark == 1:
@@ -200,6 +252,10 @@ def decode(body, allowed=None):
         return bytes(body[1:])
     if mark == 3:
         return json.loads(body[1:])
+    if queue_codec != PICKLE:
+        raise PickleRefused(
+            f"the body is a pickle and the queue's codec is {queue_codec!r}, which never "
+            "unpickles: it was not read", codec=queue_codec)
     if allowed is None:
         return pickle.loads(body)
     return _AllowListUnpickler(io.BytesIO(body), allowed).load()

@@ -28,7 +28,8 @@ import transaction
 from ZODB.Connection import Connection as _ZODBConnection
 
 from . import codec, deferred, store
-from .errors import AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, StaleAck
+from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, StaleAck,
+                     UnreadableItem, unreadable_error)
 from .fresh import read_fresh
 from .message import Message, MessageId
 from .state import DEFAULT_PUT, Ask, MessageMissing, Meta, check_timeout
@@ -490,6 +491,7 @@ class QueueConnection(ThreadBound):
         timeout = check_wait(block, timeout)
         if encoded:
             pairs = [(body, body) for body in map(_encoded_body, items)]
+            codec.check_admitted(self._state.codec, [b for b, _ in pairs], self._state.name)
             if self._state.kind == store.VALUE:
                 raise ValueError("a priority queue ordered by item value must unpickle its "
                                  "items to order them; put encoded bodies in a FIFO or "
@@ -517,7 +519,7 @@ class QueueConnection(ThreadBound):
         """Put (item, body) pairs; their MessageIds (ids=False: None, for put())."""
         state = self._state
         if state.kind == store.VALUE:
-            pairs = [(codec.decode(body, self._front.allowed_classes), body)
+            pairs = [(codec.decode(body, self._front.allowed_classes, state.codec), body)
                      for _, body in pairs]   # a private copy
             state.check_orderable([item for item, _ in pairs])
         seqs = state.reserve_put(self._front, len(pairs), block, timeout)
@@ -594,7 +596,8 @@ class QueueConnection(ThreadBound):
         if found is None:
             return None
         seq, meta = found
-        return Message(MessageId(seq), codec.decode(meta.body, self._front.allowed_classes),
+        return Message(MessageId(seq), codec.decode(meta.body, self._front.allowed_classes,
+                                                    self._state.codec),
                        meta.receive_count,
                        meta.sent_at, None, meta.priority, self._state.name,
                        dict(meta.attributes or ()), meta.first_received, meta.last_received,
@@ -626,13 +629,15 @@ class QueueConnection(ThreadBound):
             return claimed
         got, unreadable = [], None
         decode, allowed = codec.decode, self._front.allowed_classes
+        queue_codec = self._state.codec
         holdings, by_item = self._holdings, self._by_item
         for i, h in enumerate(claimed):
             if h.claim_ticket is None and txn is None:
                 # _hand_out's plain case, inline (a batch of 100 makes 100 of them); an
                 # item that cannot be read takes the full path below.
                 try:
-                    h.item = h.meta.body if raw else decode(h.meta.body, allowed)
+                    h.item = (h.meta.body if raw
+                              else decode(h.meta.body, allowed, queue_codec))
                 except Exception:
                     pass
                 else:
@@ -644,7 +649,7 @@ class QueueConnection(ThreadBound):
                     continue
             try:
                 got.append(self._hand_out(h, txn, raw))
-            except _Unreadable as exc:    # set aside already; the batch goes on without it
+            except UnreadableItem as exc:    # set aside already; the batch goes on without it
                 log.warning("ackqueue: %s", exc)
                 unreadable = exc
             except BaseException:
@@ -667,7 +672,7 @@ class QueueConnection(ThreadBound):
         if raw:
             items = bodies
         else:
-            if self._front.allowed_classes is not None:
+            if self._front.allowed_classes is not None or self._state.codec != codec.PICKLE:
                 return False
             try:
                 if not _CODEC_MARKS.isdisjoint(map(_first_byte, bodies)):
@@ -687,7 +692,7 @@ class QueueConnection(ThreadBound):
 
     def _hand_out(self, h, txn, raw=False):
         """Make a claimed Holding the caller's: its claim durable if a policy needs it, its
-        item unpickled (else _Unreadable, with the message set aside; raw: the stored bytes
+        item unpickled (else UnreadableItem, with the message set aside; raw: the stored bytes
         as they are), and remembered for the ack."""
         state = self._state
         if h.claim_ticket is not None:
@@ -699,15 +704,13 @@ class QueueConnection(ThreadBound):
                 raise
         try:
             h.item = (h.meta.body if raw
-                      else codec.decode(h.meta.body, self._front.allowed_classes))
+                      else codec.decode(h.meta.body, self._front.allowed_classes, state.codec))
         except Exception as exc:
             # Set aside for a while, so that the messages behind it are still delivered
-            # (a process that has the item's class may read it later).
-            state.give_back(h, "its body could not be unpickled", UNREADABLE_DELAY)
-            raise _Unreadable(
-                f"message {h.seq} of queue {state.name!r} cannot be unpickled: {exc!r}; "
-                f"it was given back, to be visible again in {UNREADABLE_DELAY:g} s"
-            ) from exc
+            # (a process that has the item's class may read it later), and counted as a
+            # receive, so that a dead-letter rule moves it in the end.
+            state.give_back(h, "its body could not be read", UNREADABLE_DELAY)
+            raise _unreadable(h.seq, state.name, exc) from exc
         self._holdings[h.token] = h
         same = self._by_item.setdefault(id(h.item), h)
         if same is not h:
@@ -1001,8 +1004,11 @@ def _message_ids(ops):
     return ids
 
 
-class _Unreadable(AckQueueError):
-    """A received message whose item cannot be unpickled (it was set aside)."""
+def _unreadable(seq, name, exc):
+    """The error get() raises for message seq of queue name, set aside because reading
+    its body raised exc: PickleRefused for a pickle in a queue that never unpickles,
+    UnreadableItem otherwise."""
+    return unreadable_error(int(seq), name, exc, UNREADABLE_DELAY)
 
 
 def _index_again(by_item, key, same, h):

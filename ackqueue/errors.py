@@ -6,7 +6,7 @@ __all__ = [
     "AckQueueError", "ShutDown", "StaleAck", "NotHeld", "UnpicklableItem",
     "StorageError", "QueueLocked", "NotAQueueFile", "QueueKindMismatch", "ServerUnavailable",
     "Refused", "DuplicateMessage", "ItemTooLarge", "UnsupportedFormat", "CodecMismatch",
-    "ForbiddenClass", "QueueFileGone", "NotSupported",
+    "ForbiddenClass", "UnreadableItem", "PickleRefused", "EncodingRefused", "QueueFileGone", "NotSupported",
 ]
 
 
@@ -57,6 +57,67 @@ class UnpicklableItem(TypeError, pickle.PicklingError):
 class ForbiddenClass(AckQueueError, pickle.UnpicklingError):
     """A received item names a class or function that is not in the queue's
     allowed_classes: it was not unpickled, and nothing of it ran."""
+
+
+class UnreadableItem(AckQueueError):
+    """get() received a message whose body cannot be read here (it cannot be unpickled,
+    names a class outside allowed_classes, or is a pickle in a queue that never unpickles).
+    The message was given back and set aside for a while (UNREADABLE_DELAY), so that the
+    messages behind it are still delivered; the receive counts, so that a dead-letter rule
+    (max_receives) moves it in the end.
+
+    queue and message_id (int) name the message; cause is the error reading it."""
+
+    queue = None
+    message_id = None
+
+
+class PickleRefused(ForbiddenClass, UnreadableItem):
+    """A received body is a pickle, and the queue's codec is not "pickle" (it is "json",
+    "str" or "bytes": what a consumer picks so that nothing it reads can run code).  It was
+    not unpickled; the message was given back, set aside as unreadable, so that the
+    queue's dead-letter rule (max_receives) moves it once it was received that often.
+
+    codec is the queue's codec; message_id the message's id (int) when known."""
+
+    def __init__(self, message, codec=None, message_id=None, queue=None):
+        super().__init__(message)
+        self.codec = codec
+        self.message_id = message_id
+        self.queue = queue
+
+
+def unreadable_error(message_id, queue, cause, delay):
+    """The error get() raises for message message_id of queue, set aside for delay seconds
+    because reading its body raised cause: PickleRefused for a pickle in a queue that
+    never unpickles, UnreadableItem otherwise."""
+    again = f"it was given back, to be visible again in {delay:g} s"
+    if isinstance(cause, PickleRefused):
+        return PickleRefused(
+            f"message {message_id} of queue {queue!r} is a pickle, and the queue's codec "
+            f"{cause.codec!r} never unpickles: nothing of it was read; {again} (a "
+            "dead-letter rule, max_receives, moves it once it was received that often)",
+            codec=cause.codec, message_id=message_id, queue=queue)
+    error = UnreadableItem(f"message {message_id} of queue {queue!r} cannot be unpickled: "
+                           f"{cause!r}; {again}")
+    error.queue, error.message_id = queue, message_id
+    return error
+
+
+class EncodingRefused(AckQueueError, ValueError):
+    """An already-encoded body (put_many(encoded=True), a body sent to the queue service)
+    whose encoding the queue's codec does not admit: a queue with codec "json", "str" or
+    "bytes" takes bodies of that encoding only, a queue with codec "pickle" takes any.
+    Nothing was put.
+
+    codec is the queue's codec, encoding the refused body's ("pickle", "json", "str" or
+    "bytes"), index its position in the batch."""
+
+    def __init__(self, message, codec=None, encoding=None, index=None):
+        super().__init__(message)
+        self.codec = codec
+        self.encoding = encoding
+        self.index = index
 
 
 class ItemTooLarge(AckQueueError, ValueError):

@@ -160,11 +160,11 @@ class ValueOrder:
         return sorted(self._heap)
 
 
-def loads_or_none(body, allowed=None):
+def loads_or_none(body, allowed=None, queue_codec=codec.PICKLE):
     """The item of a stored body, or None if it cannot be read here (an ordering key);
-    allowed: the queue's allowed_classes (codec.decode)."""
+    allowed, queue_codec: the queue's allowed_classes and codec (codec.decode)."""
     try:
-        return codec.decode(body, allowed)
+        return codec.decode(body, allowed, queue_codec)
     except Exception:
         return None
 
@@ -291,7 +291,8 @@ class LocalArbiter:
     def _memory_key_from_store(self, rec, seq):
         if self.state.kind == store.VALUE:
             msg = rec.messages[seq]
-            return self.memory_key(seq, loads_or_none(rec.body_of(seq, msg), self.state.allowed_classes), msg.priority)
+            return self.memory_key(seq, loads_or_none(rec.body_of(seq, msg), self.state.allowed_classes,
+                                   self.state.codec), msg.priority)
         return rec.key_of(seq)
 
     def memory_key(self, skey, item, priority=store.DEFAULT_PRIORITY):
@@ -313,7 +314,8 @@ class LocalArbiter:
         """The memory key, in this queue, of a message moved here as seq."""
         kind = self.state.kind
         return self.memory_key(store.store_key(kind, meta.priority, seq),
-                               loads_or_none(meta.body, self.state.allowed_classes)
+                               loads_or_none(meta.body, self.state.allowed_classes,
+                                   self.state.codec)
                                if kind == store.VALUE else None,
                                meta.priority)
 

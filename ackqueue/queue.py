@@ -362,6 +362,20 @@ class AckQueue(_stdlib_queue.Queue):
         reach its dead-letter queue)."""
         return self._database.db
 
+    @property
+    def codec(self):
+        """The queue's codec (ackqueue.codec): how puts encode items, and which bodies the
+        queue takes already encoded (put_many(encoded=True)) and reads back: only under
+        "pickle" does a get unpickle."""
+        return self._state.codec
+
+    def record_codec(self, codec=None):
+        """(the queue's codec, whether the storage records one), once codec (None: only
+        read the recorded one) is recorded if the queue has none; CodecMismatch, writing
+        nothing, if the queue records another.  What the queue service's codec route
+        does; AckQueue(codec=...) records it at open."""
+        return self._state.record_codec(codec)
+
     def __repr__(self):
         state = "closed" if self._closed else f"on {self._database.description}"
         return f"<{type(self).__name__} {self.name!r} {state}>"

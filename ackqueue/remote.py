@@ -47,8 +47,9 @@ from . import access, codec, store, wire
 from .frames import FRAMES, decode_frames, encode_frames
 from .connection import (ThreadBound, check_item_sizes, check_visibility, check_wait,
                          watch_thread_failure)
-from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, ItemTooLarge, NotHeld,
-                     NotSupported, ServerUnavailable, ShutDown, StaleAck)
+from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, EncodingRefused,
+                     ItemTooLarge, NotHeld, NotSupported, ServerUnavailable, ShutDown,
+                     StaleAck, unreadable_error)
 from .message import Message, MessageId
 from .remote_block import RemoteBlock, not_in_block
 from .state import check_timeout
@@ -349,12 +350,17 @@ class RemoteDatabase:
         """The codec queue name encodes with, as the service records it: wanted is recorded
         if the queue has none (None: the recorded one, or the default); another recorded
         one raises CodecMismatch, as an embedded queue does."""
+        return self.codec_answer(name, wanted)[1]["codec"]
+
+    def codec_answer(self, name, wanted):
+        """(status, answer) of the service's codec route for queue name (GET when wanted
+        is None, else PUT ?codec=wanted); raises for an error answer."""
         if wanted is None:
             status, doc, _ = self.call("GET", self.queue_path(name, "/codec"))
         else:
             status, doc, _ = self.call("PUT", self.queue_path(name, f"/codec?codec={wanted}"))
         _raise_for(status, doc)
-        return doc["codec"]
+        return status, doc
 
     def http(self):
         if self._pid != os.getpid():
@@ -541,6 +547,13 @@ class RemoteState:
             self._codec = self.database.agree_codec(self.name, None)
         return self._codec
 
+    def record_codec(self, wanted=None):
+        """(the queue's codec, whether the service records one), once wanted (None: only
+        read) is recorded if the queue has none (the service's codec route)."""
+        status, doc = self.database.codec_answer(self.name, wanted)
+        self._codec = doc["codec"]
+        return self._codec, doc["stored"]
+
     def interrupt_polls(self):
         with self.polls_lock:
             for h in self.polls.values():
@@ -608,6 +621,7 @@ class RemoteState:
         from .browse import BrowsedMessage
         from .message import MessageId
         after = -1 if after is None else after
+        queue_codec = self.codec
         while True:
             status, doc, _ = self.database.call(
                 "GET", self.database.queue_path(self.name, f"/browse?after={after}&limit=1000"))
@@ -618,7 +632,8 @@ class RemoteState:
                     MessageId(m["id"]), m["state"], body, m["priority"], m["receive_count"],
                     m["sent_at"], m["age"], self.name, m.get("attributes") or {},
                     visible_at=m.get("visible_at"), deadline=m.get("deadline"),
-                    expires_at=m.get("expires_at"), allowed_classes=allowed)
+                    expires_at=m.get("expires_at"), allowed_classes=allowed,
+                    codec=queue_codec)
             if doc.get("next_after") is None:
                 return
             after = doc["next_after"]
@@ -642,8 +657,8 @@ class RemoteState:
 def _raise_for(status, doc, stale_ok=False):
     if status == 200:
         return
-    code, message, _ = _error(status, doc if isinstance(doc, bytes) else
-                              json.dumps(doc).encode())
+    code, message, error = _error(status, doc if isinstance(doc, bytes) else
+                                  json.dumps(doc).encode())
     if status in (409, 410) and code in ("StaleReceipt", "UnknownReceipt"):
         raise StaleAck(f"the delivery was given back before this ack or nack (its "
                        f"visibility deadline passed, its client's lease ended, or the "
@@ -657,6 +672,9 @@ def _raise_for(status, doc, stale_ok=False):
         raise DuplicateMessage(message)
     if code == "CodecMismatch":
         raise CodecMismatch(message)
+    if code == "UnsupportedEncoding":
+        raise EncodingRefused(message, codec=error.get("codec"),
+                              encoding=error.get("encoding"))
     raise AckQueueError(f"the queue service answered HTTP {status} {code}: {message}")
 
 
@@ -886,6 +904,13 @@ class RemoteConnection(ThreadBound):
             if not block or (end is not None and time.monotonic() >= end):
                 raise _stdlib_queue.Empty
 
+    def _decode(self, body):
+        """The item of a received body: a pickle only in a queue whose codec is "pickle"
+        (the queue's codec is asked of the service once, at the first pickle)."""
+        if codec.kind(body) != codec.PICKLE:
+            return codec.decode(body)
+        return codec.decode(body, self._front.allowed_classes, self._state.codec)
+
     def _hand_out(self, data, raw):
         if isinstance(data, dict):         # a JSON answer (a service without frames)
             pairs = [(m, base64.b64decode(m["body"])) for m in data.get("messages", ())]
@@ -896,13 +921,11 @@ class RemoteConnection(ThreadBound):
         for meta, payload in pairs:
             body = _restore(meta.get("encoding"), bytes(payload))
             try:
-                item = body if raw else codec.decode(body, self._front.allowed_classes)
+                item = body if raw else self._decode(body)
             except Exception as exc:
                 self._nack_receipts([meta["receipt"]], UNREADABLE_DELAY)
-                unreadable = AckQueueError(
-                    f"message {meta['id']} of queue {self._state.name!r} cannot be "
-                    f"decoded: {exc!r}; it was given back, to be visible again in "
-                    f"{UNREADABLE_DELAY:g} s")
+                unreadable = unreadable_error(meta["id"], self._state.name, exc,
+                                              UNREADABLE_DELAY)
                 log.warning("ackqueue: %s", unreadable)
                 continue
             h = RemoteHolding(meta["receipt"], meta["id"], item, meta, self)
@@ -932,7 +955,7 @@ class RemoteConnection(ThreadBound):
         if best is None:
             return None
         body = _restore(best["encoding"], base64.b64decode(best["body"]))
-        return Message(MessageId(best["id"]), codec.decode(body, self._front.allowed_classes),
+        return Message(MessageId(best["id"]), self._decode(body),
                        best["receive_count"], best["sent_at"], None, best["priority"],
                        self._state.name, dict(best.get("attributes") or {}), None, None,
                        best["id"], None)

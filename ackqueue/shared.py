@@ -657,7 +657,8 @@ class SharedArbiter:
             self._gone.clear()
         for seq in rec.messages.keys(self._known_seq + 1):
             msg = rec.messages[seq]
-            item = loads_or_none(rec.body_of(seq, msg), self.state.allowed_classes)
+            item = loads_or_none(rec.body_of(seq, msg), self.state.allowed_classes,
+                                 self.state.codec)
             insort(self._by_value, ValueOrder.Key(
                 (store.PRIORITY_MAX - msg.priority, item, seq)))
             self._known_seq = seq

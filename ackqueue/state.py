@@ -287,6 +287,31 @@ class QueueState:
             rec.codec = self.codec
         self.codec = self.codec or stored or codec.DEFAULT
 
+    def record_codec(self, wanted=None):
+        """(the queue's codec, whether the store records one), once wanted (a codec name;
+        None: only read) is recorded if the queue records none; CodecMismatch, writing
+        nothing, if it records another.  The queue's codec here follows what the store
+        records (puts encode by it; gets unpickle only under "pickle")."""
+        if wanted is None:
+            tm, conn = self.snapshot()
+            try:
+                stored = conn.root()[store.ROOT_KEY].queues[self.name].codec
+            finally:
+                tm.abort()
+                conn.close()
+        else:
+            op = store.RecordCodec(self.name, codec.check_codec(wanted))
+            self.committer.submit([op], lead=True).wait()
+            if op.conflict:
+                raise CodecMismatch(
+                    f"queue {self.name!r} in {self.database.description} stores its items "
+                    f"with codec {op.codec!r}; open it with codec={op.codec!r} (or without "
+                    "codec=)")
+            stored = op.codec
+        with self.mutex:
+            self.codec = stored or codec.DEFAULT
+        return self.codec, stored is not None
+
     def snapshot(self):
         """(transaction manager, ZODB connection) reading a fresh snapshot of the store;
         the caller aborts and closes them."""

@@ -105,6 +105,7 @@ __all__ = [
     "Counters", "SeqCounter", "LeaseRecord", "Put", "PutRun", "Claim", "Release", "Unclaim",
     "Ack", "AckRun", "Promote",
     "Compact", "needs_compaction", "DeadLetter", "Redrive", "Expire", "Purge", "PruneDedup",
+    "RecordCodec",
     "SetDeadline", "DEFAULT_RETENTION", "MAX_RETENTION", "DEFAULT_DEDUP_WINDOW",
     "RegisterLease", "Beat", "DropLease", "ExpireLease", "ClaimLost", "LeaseLost",
     "ensure_queue", "ensure_leases", "apply_unit", "Operation", "MIGRATIONS",
@@ -1609,6 +1610,27 @@ class Purge(_Op):
                 rec.take_out(seq)
                 self.removed.append(seq)
         rec.counts.add(purged=len(self.removed))
+
+
+class RecordCodec(_Op):
+    """Record wanted as the queue's codec when it records none (the default, pickle, is not
+    recorded, as opening a queue does not).  After apply: ``codec`` is the queue's recorded
+    codec (None: none, so the default), ``conflict`` whether another one was recorded, in
+    which case nothing was written."""
+
+    __slots__ = ("name", "wanted", "codec", "conflict")
+
+    def __init__(self, name, wanted):
+        self.name, self.wanted = name, wanted
+        self.codec, self.conflict = None, False
+
+    def apply(self, root):
+        rec = _queue(root, self.name)
+        stored, wanted = rec.codec, self.wanted
+        self.conflict = stored is not None and stored != wanted
+        if stored is None and wanted != "pickle":
+            rec.codec = stored = wanted
+        self.codec = stored
 
 
 def dedup_value(value):

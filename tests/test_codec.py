@@ -7,7 +7,8 @@ import pickle
 
 import pytest
 
-from ackqueue import AckPriorityQueue, AckQueue, CodecMismatch, QueueKindMismatch
+from ackqueue import (AckPriorityQueue, AckQueue, CodecMismatch, EncodingRefused,
+                      QueueKindMismatch)
 from ackqueue import codec
 
 from zeo_server import Server
@@ -88,14 +89,33 @@ def test_the_codec_is_stored_with_the_queue_so_producers_and_consumers_agree(tmp
         AckQueue(path=path, name="other", codec="bytes")
 
 
-def test_any_front_decodes_any_body_whatever_the_queues_codec(where):
-    with AckQueue(path=where, codec="str") as q:
-        q.put_many([pickle.dumps({"from": "afar"}), codec.mark("bytes", b"raw")],
-                   encoded=True)
+def test_a_pickle_queue_takes_and_decodes_every_encoding(where):
+    with AckQueue(path=where) as q:
+        q.put_many([pickle.dumps({"from": "afar"}), codec.mark("bytes", b"raw"),
+                    codec.mark("json", b"[1]")], encoded=True)
         q.put("text")
-        assert [q.get(block=False) for _ in range(3)] == [{"from": "afar"}, b"raw", "text"]
-        for _ in range(3):
+        assert [q.get(block=False) for _ in range(4)] == [{"from": "afar"}, b"raw", [1],
+                                                          "text"]
+        for _ in range(4):
             q.task_done()
+
+
+@pytest.mark.parametrize("name", ["str", "bytes", "json"])
+def test_a_queue_of_another_codec_takes_bodies_of_its_own_encoding_only(where, name):
+    own = {"str": codec.mark("str", b"ok"), "bytes": codec.mark("bytes", b"ok"),
+           "json": codec.mark("json", b'"ok"')}
+    with AckQueue(path=where, codec=name) as q:
+        for other, body in list(own.items()) + [("pickle", pickle.dumps("ok"))]:
+            if other == name:
+                continue
+            with pytest.raises(EncodingRefused, match=f"codec '{name}'") as info:
+                q.put_many([own[name], body], encoded=True)
+            assert (info.value.codec, info.value.encoding, info.value.index) == (
+                name, other, 1)
+        assert q.qsize() == 0                         # nothing of a refused batch
+        q.put_many([own[name]], encoded=True)
+        assert q.get(block=False) in ("ok", b"ok")
+        q.task_done()
 
 
 def test_a_priority_queue_orders_text_items_by_value(where):

@@ -267,6 +267,17 @@ def queues_named(data, content_type):
     return out
 
 
+def _check_encodings(queues, puts):
+    """415 UnsupportedEncoding, naming the entry, for a put whose body's encoding its
+    queue's codec does not admit (ackqueue.codec.admits): nothing of the batch is done."""
+    for i, p in enumerate(puts):
+        queue_codec, what = queues[p.queue].codec, codec.kind(p.body)
+        if not codec.admits(queue_codec, what):
+            raise _bad(f"puts[{i}]", f"queue {p.queue!r} has codec {queue_codec!r} and takes "
+                                     f"{queue_codec} bodies only, not {what}; nothing in "
+                                     "this batch was done", "UnsupportedEncoding", 415)
+
+
 # -- the handler --------------------------------------------------------------------------
 
 class Batch:
@@ -283,6 +294,7 @@ class Batch:
         for p in puts:
             if p.queue not in queues:
                 queues[p.queue] = await api.queue(p.queue)
+        _check_encodings(queues, puts)
         keyed = [(i, p) for i, p in enumerate(puts) if p.idempotent]
         done, mine = await self._claim_keys(queues, puts, keyed)
         if done is not None:

@@ -65,6 +65,7 @@ from ackqueue.errors import DuplicateMessage
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 from ackqueue.state import PutOptions
 
+from . import codecs
 from .core import check_client
 from .http import (API, FRAMES, MAX_BATCH, ApiError, _marked, _name, _number, decode_frames,
                    encode_frames)
@@ -283,15 +284,16 @@ async def put_rows(request):
     window = _number(request, "dedup_window", DEFAULT_ROW_DEDUP_WINDOW, lo=1,
                      hi=store.MAX_RETENTION)
     bodies, dedup_ids, priorities, attributes = _rows_header(await request.read())
+    q = await api.queue(name)
     groups = []
     for i, (body, d, p, a) in enumerate(zip(bodies, dedup_ids, priorities, attributes)):
         _check_row(i, body, d, p, a, api.max_body)
         attrs = tuple(sorted(a.items())) or None if a else None
+        body = codecs.in_queue_codec(q, _marked(what, body, i), i)
         if groups and groups[-1][0] == (p, attrs):
-            groups[-1][1].append((_marked(what, body, i), d))
+            groups[-1][1].append((body, d))
         else:
-            groups.append(((p, attrs), [(_marked(what, body, i), d)]))
-    q = await api.queue(name)
+            groups.append(((p, attrs), [(body, d)]))
     put, dup = await api.run(_put_rows, q, groups, window)
     return web.json_response({"put": put, "duplicates": dup})
 

@@ -10,43 +10,50 @@ service (``AckQueue(path="http://...", codec=...)``) does the same with two requ
   default, is not recorded, as an embedded queue does not), answers as GET; 409
   ``CodecMismatch`` when the queue records another.
 
-The codec only says how clients *encode* items: the service stores and returns bodies as
-opaque marked bytes (ackqueue.codec) and never decodes them, so its own fronts ignore it.
+The recorded codec also decides which bodies the service takes: a queue whose codec is
+"json", "str" or "bytes" takes bodies of that encoding only (415 ``UnsupportedEncoding``
+naming the codec for another, a pickle above all), so that its consumers, which never
+unpickle, are never handed one (``check_bodies``).  The service itself stores and returns
+bodies as opaque marked bytes (ackqueue.codec) and never unpickles.
 """
-import transaction
 from aiohttp import web
-from ZODB.POSException import ConflictError
 
-from ackqueue import codec, store
+from ackqueue import codec
+from ackqueue.errors import CodecMismatch, EncodingRefused
 
-__all__ = ["agree", "add_routes", "openapi_paths"]
-
-_ATTEMPTS = 10                  # a conflicting commit of the record is tried again
+__all__ = ["add_routes", "openapi_paths", "check_bodies", "in_queue_codec", "refused"]
 
 
-def agree(q, wanted):
-    """(the queue's codec, whether one is stored) once wanted (None: only read) is
-    recorded on q's queue record if it had none.  Raises ValueError naming the stored codec
-    when wanted differs from it.  Blocking: call from the pool."""
-    for attempt in range(_ATTEMPTS):
-        tm = transaction.TransactionManager()
-        conn = q.db.open(transaction_manager=tm)
-        try:
-            tm.begin()
-            rec = store.ensure_queue(conn.root(), q.name, None)
-            stored = rec.codec
-            if wanted is not None and stored is not None and stored != wanted:
-                raise ValueError(stored)
-            if wanted is not None and stored is None and wanted != codec.DEFAULT:
-                rec.codec = stored = wanted
-                tm.commit()
-            return stored or codec.DEFAULT, stored is not None
-        except ConflictError:
-            if attempt + 1 == _ATTEMPTS:
-                raise
-        finally:
-            tm.abort()
-            conn.close()
+def check_bodies(q, bodies):
+    """Raise ApiError 415 UnsupportedEncoding for the first of the stored bodies that q's
+    codec does not admit (codec.admits)."""
+    try:
+        codec.check_admitted(q.codec, bodies, q.name)
+    except EncodingRefused as exc:
+        raise refused(exc) from None
+
+
+def in_queue_codec(q, body, index=None):
+    """A stored body as q's codec admits it: text (what SQS, Sasquatch and a Spark string
+    column send) becomes JSON in a "json" queue (if it is JSON) and bytes in a "bytes"
+    queue (codec.mark_text); any other body must be of q's encoding already.  ApiError
+    415 UnsupportedEncoding otherwise."""
+    try:
+        if codec.kind(body) == codec.TEXT:
+            return codec.mark_text(q.codec, codec.payload(body), q.name)
+        codec.check_admitted(q.codec, [body], q.name)
+    except EncodingRefused as exc:
+        if index is not None:
+            exc = EncodingRefused(f"row {index}: {exc}", exc.codec, exc.encoding, index)
+        raise refused(exc) from None
+    return body
+
+
+def refused(exc):
+    """The ApiError (415 UnsupportedEncoding) for an EncodingRefused."""
+    from .http import ApiError
+    return ApiError(415, "UnsupportedEncoding", str(exc), codec=exc.codec,
+                    encoding=exc.encoding)
 
 
 def add_routes(app, api):
@@ -63,12 +70,13 @@ def add_routes(app, api):
                                f"codec must be one of {', '.join(codec.CODECS)}")
         q = await api.queue(name)
         try:
-            agreed, stored = await api.run(agree, q, wanted)
-        except ValueError as exc:
+            agreed, stored = await api.run(q.record_codec, wanted)
+        except CodecMismatch:
+            recorded = q.codec
             raise ApiError(409, "CodecMismatch",
-                           f"queue {name!r} stores its items with codec {str(exc)!r}; open "
-                           f"it with codec={str(exc)!r} (or without codec=)",
-                           codec=str(exc)) from None
+                           f"queue {name!r} stores its items with codec {recorded!r}; open "
+                           f"it with codec={recorded!r} (or without codec=)",
+                           codec=recorded) from None
         return web.json_response({"name": name, "codec": agreed, "stored": stored})
 
     app.router.add_get("/v1/queues/{name}/codec", handle)
@@ -95,5 +103,6 @@ def openapi_paths(doc):
                 "responses": {"200": answer, "400": dict(error, description="bad request"),
                               "409": dict(error, description="the queue has another codec")}}}
     codes = doc["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]
-    if "CodecMismatch" not in codes["enum"]:
-        codes["enum"].append("CodecMismatch")
+    for code in ("CodecMismatch", "UnsupportedEncoding"):
+        if code not in codes["enum"]:
+            codes["enum"].append(code)

@@ -26,9 +26,10 @@ from aiohttp import web
 
 from ackqueue import codec, store
 from ackqueue.frames import FRAMES, decode_frames, encode_frames  # noqa: F401 (re-exported)
-from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
+from ackqueue.errors import DuplicateMessage, EncodingRefused, NotHeld, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 
+from . import codecs
 from .bridge import Bridge
 from .core import check_client, check_name
 from .waker import Waker
@@ -308,6 +309,9 @@ class Api:
             if exc.status in (408, 413):
                 return _closing(exc.status, exc.code, exc.message, **exc.extra)
             return error_response(exc.status, exc.code, exc.message, **exc.extra)
+        except EncodingRefused as exc:      # a front that put without codecs.check_bodies
+            exc = codecs.refused(exc)
+            return error_response(exc.status, exc.code, exc.message, **exc.extra)
         except web.HTTPRequestEntityTooLarge:
             return _closing(*_TOO_LARGE)
         except web.HTTPException as exc:
@@ -442,6 +446,7 @@ class Api:
                            f"a message body is at most {self.max_body} bytes")
         body = _marked(_encoding(request), body)
         q = await self.queue(name)
+        codecs.check_bodies(q, [body])
         try:
             [mid] = await self.put_many(q, [body], dedup_ids=[dedup_id], **opts)
         except DuplicateMessage as exc:
@@ -473,6 +478,7 @@ class Api:
         if dedup_id is not None:
             dedup_ids = [dedup_id] + [None] * (len(bodies) - 1)
         q = await self.queue(name)
+        codecs.check_bodies(q, bodies[:1])      # (one encoding for the whole batch)
         try:
             ids = await self.put_many(q, bodies, dedup_ids=dedup_ids, **opts)
         except DuplicateMessage as exc:

@@ -30,9 +30,10 @@ from aiohttp import web
 import ackqueue
 from ackqueue import AckQueue, codec, store
 from ackqueue.browse import READY
-from ackqueue.errors import DuplicateMessage, NotHeld, QueueKindMismatch
+from ackqueue.errors import DuplicateMessage, EncodingRefused, NotHeld, QueueKindMismatch
 from ackqueue.state import PutOptions
 
+from . import codecs
 from .config import SasquatchSettings
 from .core import ClientConn, Session, take_now
 from .http import ApiError
@@ -267,6 +268,10 @@ class Sasquatch:
 
     async def _put(self, name, body, opts, dedup):
         _, lim, _ = await self.queue(name)
+        try:                                  # text, in the queue's codec
+            body = codec.mark_text(lim.codec, codec.payload(body), name)
+        except EncodingRefused as exc:
+            raise codecs.refused(exc) from None
 
         def put(then):
             return lim.put_many([body], False, None, options=opts, dedup_ids=[dedup],

@@ -8,7 +8,7 @@ import re
 import uuid
 
 from ackqueue import codec
-from ackqueue.errors import DuplicateMessage
+from ackqueue.errors import DuplicateMessage, EncodingRefused
 from ackqueue.state import PutOptions
 from ackqueue import store
 
@@ -44,7 +44,7 @@ class _Send:
     __slots__ = ("body", "opts", "dedup", "md5", "md5_attrs", "md5_system", "fifo_group")
 
 
-def _check_send(sqs, call, rec, name, p):
+def _check_send(sqs, call, rec, name, p, queue_codec):
     body = p.get("MessageBody")
     if body is None:
         raise SqsError("MissingParameter", "The request must contain the parameter "
@@ -76,7 +76,11 @@ def _check_send(sqs, call, rec, name, p):
     delay, group, dedup = _fifo_fields(p, attrs, data, fifo)
     trace = system_in.get("AWSTraceHeader", {}).get("StringValue")
     s = _Send()
-    s.body = codec.mark(codec.TEXT, data)
+    try:
+        s.body = codec.mark_text(queue_codec, data, name)
+    except EncodingRefused as exc:
+        raise SqsError("InvalidParameterValue", f"One or more parameters are invalid. "
+                                                f"Reason: {exc}") from None
     s.opts = PutOptions(store.DEFAULT_PRIORITY, float(delay),
                         float(attrs["MessageRetentionPeriod"]),
                         msgattrs.to_store(user, {"group": group if fifo else None,
@@ -163,7 +167,8 @@ def _answer(name, s, mid):
 async def send_message(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     rec = await sqs.record(name)
-    return await _put(sqs, name, _check_send(sqs, call, rec, name, call.params))
+    q, _ = await sqs.queue(name)
+    return await _put(sqs, name, _check_send(sqs, call, rec, name, call.params, q.codec))
 
 
 def _entries(params, key, action):
@@ -217,27 +222,28 @@ async def send_message_batch(sqs, call):
                        f"Batch requests cannot be longer than 1048576 bytes. You have sent "
                        f"{total} bytes.")
 
+    q, _ = await sqs.queue(name)
     if is_fifo(name):        # one after another: their sequence numbers keep their order
         results = []
         for e in entries:
             try:
                 results.append((e["Id"], await _put(sqs, name, _check_send(
-                    sqs, call, rec, name, e)), None))
+                    sqs, call, rec, name, e, q.codec)), None))
             except SqsError as exc:
                 results.append((e["Id"], None, exc))
     else:
-        results = await _standard_batch(sqs, call, rec, name, entries)
+        results = await _standard_batch(sqs, call, rec, name, entries, q.codec)
     return {"Successful": [dict(Id=i, **ok) for i, ok, _ in results if ok is not None],
             "Failed": [_failed(i, exc) for i, _, exc in results if exc is not None]}
 
 
-async def _standard_batch(sqs, call, rec, name, entries):
+async def _standard_batch(sqs, call, rec, name, entries, queue_codec):
     """[(entry id, answer or None, SqsError or None)]: the valid entries with the same
     options (delay, retention, attributes) go in one put_many each, concurrently."""
     checked, groups = [], {}
     for e in entries:
         try:
-            s = _check_send(sqs, call, rec, name, e)
+            s = _check_send(sqs, call, rec, name, e, queue_codec)
         except SqsError as exc:
             checked.append((e["Id"], None, exc))
             continue
