@@ -241,3 +241,29 @@ def test_batch_write_puts_rows_with_their_priority_and_attributes(service, spark
      .mode("append").save())
     m = AckQueue(path=service.url, name="plain").get_message(timeout=10)
     assert (m.body, m.priority) == (b"\x00", 100)          # the queue's default priority
+
+
+def test_the_source_never_unpickles_and_the_sink_keeps_a_json_queues_codec(
+        service, spark, tmp_path):
+    import pickle
+
+    class Creates:                    # unpickling it creates the marker file
+        def __reduce__(self):
+            return open, (str(tmp_path / "ran"), "w")
+    q = AckQueue(path=service.url, name="guarded")
+    q.put_many([pickle.dumps(Creates())], encoded=True)
+    q.record_codec("json")            # recorded after the pickle went in
+    rows = (spark.read.format("ackqueue").option("url", service.url)
+            .option("queue", "guarded").load().collect())
+    assert [(r.encoding, r.text, r.body) for r in rows] == [
+        ("pickle", None, pickle.dumps(Creates()))]
+    assert not (tmp_path / "ran").exists()
+    good = spark.createDataFrame([('{"a": 1}',)], "body string")
+    (good.write.format("ackqueue").option("url", service.url).option("queue", "guarded")
+     .mode("append").save())
+    bad = spark.createDataFrame([(b"\x80\x05K\x01.",)], "body binary")
+    with pytest.raises(Exception, match="UnsupportedEncoding|codec 'json'"):
+        (bad.write.format("ackqueue").option("url", service.url).option("queue", "guarded")
+         .mode("append").save())
+    from ackqueue import codec
+    assert [m.item for m in q.browse() if codec.kind(m.body) == "json"] == [{"a": 1}]
