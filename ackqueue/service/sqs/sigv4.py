@@ -7,7 +7,11 @@ and service.  The signature is recomputed here and compared in constant time.
 ``verify`` returns the access key id (and the region of the credential scope) or raises
 SqsError with SQS's own codes: MissingAuthenticationToken (no signature),
 IncompleteSignature (malformed), InvalidClientTokenId (unknown key), SignatureDoesNotMatch
-(wrong signature, or a request more than 5 minutes away from the server's clock)."""
+(wrong signature, a request more than 5 minutes away from the server's clock, or an
+``x-amz-content-sha256`` header that is not the SHA-256 of the body received).
+
+The payload hash signed is always that of the body received (``payload_hash``), so a
+signature covers the body: a captured request cannot carry another one."""
 import datetime
 import hashlib
 import hmac
@@ -17,7 +21,7 @@ from urllib.parse import quote, unquote
 
 from .errors import SqsError
 
-__all__ = ["verify", "MAX_SKEW"]
+__all__ = ["verify", "payload_hash", "MAX_SKEW"]
 
 MAX_SKEW = 300.0                    # seconds a signed request may be from the server's time
 _AUTH = re.compile(r"AWS4-HMAC-SHA256\s+Credential=([^,\s]+),\s*SignedHeaders=([^,\s]+),"
@@ -43,6 +47,26 @@ def _canonical_query(raw_query):
     return "&".join(f"{k}={v}" for k, v in sorted(pairs))
 
 
+def payload_hash(headers, body):
+    """The payload hash of the canonical request: the SHA-256 (lower-case hex) of the body
+    received, always.  A client may send it as ``x-amz-content-sha256`` (the AWS JS SDK
+    does); such a header must then be exactly that hash, signed or not: taking its value
+    instead would let a captured request carry another body.  UNSIGNED-PAYLOAD and the
+    STREAMING-* values of S3 bind no body and are refused (SignatureDoesNotMatch, as AWS
+    answers for a body that is not the one signed)."""
+    digest = hashlib.sha256(body).hexdigest()
+    claimed = headers.get("x-amz-content-sha256")
+    if claimed is None or claimed == digest:
+        return digest
+    if claimed == "UNSIGNED-PAYLOAD" or claimed.startswith("STREAMING-"):
+        raise SqsError("SignatureDoesNotMatch",
+                       f"x-amz-content-sha256: {claimed} is not accepted for SQS: sign the "
+                       "payload (its SHA-256), as the AWS SDKs do for SQS.")
+    raise SqsError("SignatureDoesNotMatch",
+                   "The x-amz-content-sha256 header does not match the SHA-256 of the request "
+                   "body received: the body is not the one signed.")
+
+
 def canonical_request(method, path, raw_query, headers, signed, body):
     """The canonical request of AWS's documentation (headers: name -> value as sent)."""
     lines = []
@@ -52,7 +76,7 @@ def canonical_request(method, path, raw_query, headers, signed, body):
             raise SqsError("SignatureDoesNotMatch",
                            f"The signed header {name} is missing from the request.")
         lines.append(f"{name}:{' '.join(value.strip().split())}\n")
-    payload = headers.get("x-amz-content-sha256") or hashlib.sha256(body).hexdigest()
+    payload = payload_hash(headers, body)
     uri = quote(path or "/", safe="/-_.~%")
     return "\n".join([method, uri, _canonical_query(raw_query), "".join(lines),
                       ";".join(signed), payload])
