@@ -26,6 +26,11 @@ a client id (X-Client-Id, ?client=, /v1/leases/{client}) must be the client's na
 start with its name and ":" (alice, alice:worker-3): no client renews or ends another's
 lease.  Routes this module does not know (added later) need admin on "*".
 
+Routes that take receipt handles act on a receipt only within the queue the request names,
+and the right is checked on the receipt's own queue: Sasquatch's /delete and
+/change_visibility, which may name no queue, check it in their handler (``may``: the
+request's client, which the middleware records on the request).
+
 Secrets are compared in constant time (hmac.compare_digest over every client).
 """
 import base64
@@ -39,16 +44,19 @@ import ssl
 
 from aiohttp import web
 
-__all__ = ["Auth", "load_auth", "ROUTES", "prepare", "Refused", "is_loopback"]
+__all__ = ["Auth", "load_auth", "ROUTES", "prepare", "Refused", "is_loopback", "may"]
 
 RIGHTS = ("read", "write", "admin")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+AUTH = web.RequestKey("ackqueue.auth", object)         # set on every request: auth is on
+CLIENT = web.RequestKey("ackqueue.client", object)     # the request's auth.Client
 
 # (method, route) -> (right, where the queue name is): "path" {name}; "all" service-wide
 # (the right under "*"); "body" the JSON body's queue_name (Sasquatch); "batch" every
 # queue_name of the body's messages; "query" ?queue_name=; "lease" the client id in the
 # path must be the caller's; "txn" an atomic batch's queues (batch.queues_named: write
-# where it puts, read where it acks); None: open.
+# where it puts, read where it acks); "receipts" the body's queue_name if it names one,
+# else the handler checks each receipt's queue (may()); None: open.
 ROUTES = {
     ("GET", "/health"): None,
     ("GET", "/openapi.json"): None,
@@ -86,8 +94,8 @@ ROUTES = {
     ("POST", "/enqueue"): ("write", "query"),
     ("POST", "/receive"): ("read", "body"),
     ("POST", "/dequeue"): ("read", "body"),
-    ("POST", "/delete"): ("read", "body"),
-    ("POST", "/change_visibility"): ("read", "body"),
+    ("POST", "/delete"): ("read", "receipts"),
+    ("POST", "/change_visibility"): ("read", "receipts"),
     ("POST", "/queue_length"): ("read", "body"),
     ("POST", "/delete_all"): ("admin", "body"),
     ("GET", "/queues"): ("read", "all"),
@@ -168,6 +176,7 @@ class Auth:
 
     @web.middleware
     async def middleware(self, request, handler):
+        request[AUTH] = self
         route = request.match_info.route
         canonical = route.resource.canonical if route.resource is not None else None
         rule = ROUTES.get((request.method, canonical), _UNKNOWN)
@@ -184,6 +193,7 @@ class Auth:
         if client is None:
             return _error(401, "Unauthenticated", "unknown or malformed credentials",
                           'Bearer realm="ackqueue", error="invalid_token"')
+        request[CLIENT] = client
         if canonical is None:                          # no route: the app says 404/405
             return await handler(request)
         for cid in (request.headers.get("X-Client-Id"), request.query.get("client")):
@@ -225,6 +235,10 @@ async def _queues(request, where):
         from .batch import queues_named
         data = await request.read() if request.body_exists else b""
         return queues_named(data, request.content_type) or [("*", None)]
+    if where == "receipts":
+        names = await _queues(request, "body")
+        # No queue named: the handler checks the queue of each receipt instead of "*".
+        return [] if names == [("*", None)] else names
     if where in ("body", "batch"):
         try:
             doc = json.loads(await request.read()) if request.body_exists else None
@@ -244,6 +258,16 @@ async def _queues(request, where):
             names.append((doc["dead_letter_queue_name"], "write"))
         return names
     return [("*", None)]
+
+
+def may(request, right, queue):
+    """Whether the request's client has right on queue: always when the service runs
+    without auth (no middleware saw the request); never when it runs with auth and the
+    request has no client (an open route), so that a missing check refuses."""
+    if request.get(AUTH) is None:
+        return True
+    client = request.get(CLIENT)
+    return client is not None and client.may(right, queue)
 
 
 def load_auth(path):

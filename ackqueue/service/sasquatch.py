@@ -14,6 +14,10 @@ gets a str.  A stored body that is not text is returned with "message_body_encod
 "json" (the body is the JSON text), "bytes" or "pickle" (the body is base64, never
 unpickled).  A queue whose name ends in ``_lifo`` is LIFO (an AckLifoQueue); a queue open as
 another kind answers 409 QueueKindMismatch.
+
+Receipts: /delete and /change_visibility take an optional queue_name (Sasquatch's clients
+send none); a receipt of another queue than the one named matches nothing, and with
+``--auth`` the read right is checked on each receipt's own queue (403, nothing done).
 """
 import asyncio
 import base64
@@ -33,7 +37,7 @@ from ackqueue.browse import READY
 from ackqueue.errors import DuplicateMessage, EncodingRefused, NotHeld, QueueKindMismatch
 from ackqueue.state import PutOptions
 
-from . import codecs
+from . import auth, codecs
 from .config import SasquatchSettings
 from .core import ClientConn, Session, take_now
 from .http import ApiError
@@ -421,15 +425,27 @@ class Sasquatch:
         out.update(extra)
         return out
 
-    def _held(self, receipts):
-        return [(r, self.service.receipts[r]) for r in dict.fromkeys(receipts)
-                if r in self.service.receipts
-                and self.service.receipts[r].session is self.session]
+    def _held(self, request, doc):
+        """[(receipt, Delivery)] of the body's receipt handles that name a delivery held
+        through this API in the queue the body names (queue_name; any queue when it names
+        none): a receipt of another queue matches nothing.  403, and nothing done, when
+        the client has no read right on the queue of one of them."""
+        receipts = _receipts(doc)
+        name = _queue_name(doc, required=False)
+        held = []
+        for r in dict.fromkeys(receipts):
+            d = self.service.receipts.get(r)
+            if d is not None and d.session is self.session and name in (None, d.queue):
+                held.append((r, d))
+        for _, d in held:
+            if not auth.may(request, "read", d.queue):
+                raise ApiError(403, "Forbidden", "this client has no read right on the queue "
+                                                 "of a receipt handle it gave; nothing was done")
+        return held
 
     async def delete(self, request):
-        receipts = _receipts(await self._doc(request))
         deleted = 0
-        for r, d in self._held(receipts):
+        for r, d in self._held(request, await self._doc(request)):
             try:
                 await self.api.ack_many(d.cconn, [d.message])
                 deleted += 1
@@ -443,11 +459,10 @@ class Sasquatch:
 
     async def change_visibility(self, request):
         doc = await self._doc(request)
-        receipts = _receipts(doc)
         seconds = _int(doc, "visibility_timeout", None, -MAX_VISIBILITY, MAX_VISIBILITY,
                        required=True)
         changed = 0
-        for r, d in self._held(receipts):
+        for r, d in self._held(request, doc):
             try:
                 await self.api.run(self.service.change_visibility, d.cconn, d.message,
                                    seconds)
@@ -649,13 +664,14 @@ OPENAPI_PATHS = {
                       409),
     "/delete": _post("Sasquatch: delete by receipt handles", {
         "type": "object", "required": ["receipt_handles"],
-        "properties": {"receipt_handles": _RECEIPTS}},
-        {"type": "object", "properties": {"deleted": {"type": "integer"}}}, 400, 404),
+        "properties": {"receipt_handles": _RECEIPTS, "queue_name": _NAME}},
+        {"type": "object", "properties": {"deleted": {"type": "integer"}}}, 400, 403, 404),
     "/change_visibility": _post("Sasquatch: change visibility by receipt handles", {
         "type": "object", "required": ["receipt_handles", "visibility_timeout"],
-        "properties": {"receipt_handles": _RECEIPTS, "visibility_timeout": {
-            "type": "integer", "minimum": -43200, "maximum": 43200}}},
-        {"type": "object", "properties": {"result": {"type": "string"}}}, 400, 404),
+        "properties": {"receipt_handles": _RECEIPTS, "queue_name": _NAME,
+                       "visibility_timeout": {
+                           "type": "integer", "minimum": -43200, "maximum": 43200}}},
+        {"type": "object", "properties": {"result": {"type": "string"}}}, 400, 403, 404),
     "/delete_all": _post("Sasquatch: purge a queue (\"*\": every queue)", {
         "type": "object", "required": ["queue_name"], "properties": {"queue_name": {
             "type": "string", "pattern": "^([A-Za-z0-9_\\-]{1,80}|\\*)$"}}},
