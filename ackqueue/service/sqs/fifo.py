@@ -159,6 +159,11 @@ class FifoState:
                 f.deadline = self.clock() + seconds
             return True
 
+    def holds(self, receipt):
+        """Whether receipt names a delivery of this queue out to an SQS receiver (from the
+        event loop: one dict lookup, atomic, without the lock a staging read may hold)."""
+        return receipt in self.out
+
     def staged(self):
         """(messages staged and visible, messages out to SQS receivers)."""
         with self.lock:

@@ -152,6 +152,15 @@ class SqsFront:
             del self.expiry[r]
         self.service.forget(gone)
 
+    def held_elsewhere(self, name, receipt):
+        """Whether receipt names a delivery held for a queue other than name (through any
+        front, or out of another FIFO queue's staging): such a receipt is refused with
+        ReceiptHandleIsInvalid, never acted upon."""
+        d = self.service.receipts.get(receipt)
+        if d is not None and d.queue != name:
+            return True
+        return any(other != name and st.holds(receipt) for other, st in self.fifo.items())
+
     def delivery(self, name, receipt):
         d = self.service.receipts.get(receipt)
         if d is None or d.session is not self.session or d.queue != name:

@@ -139,10 +139,16 @@ def _unheld(m):
     return f"{int(m.id)}.{secrets.token_urlsafe(18)}"
 
 
-def _check_receipt(receipt):
+def _check_receipt(sqs, name, receipt):
+    """receipt, or ReceiptHandleIsInvalid when it is malformed or names a delivery of
+    another queue than name (the queue URL's: the one whose rights were checked)."""
     if not isinstance(receipt, str) or not _RECEIPT.match(receipt):
         raise SqsError("ReceiptHandleIsInvalid",
                        "The input receipt handle is invalid.")
+    if sqs.held_elsewhere(name, receipt):
+        raise SqsError("ReceiptHandleIsInvalid",
+                       f"The input receipt handle \"{receipt}\" is not a valid receipt handle "
+                       "for this queue.")
     return receipt
 
 
@@ -174,7 +180,7 @@ async def _delete(sqs, name, receipts):
 async def delete_message(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     await sqs.record(name)
-    receipt = _check_receipt(required(call.params, "ReceiptHandle"))
+    receipt = _check_receipt(sqs, name, required(call.params, "ReceiptHandle"))
     await _delete(sqs, name, [receipt])
     return {}
 
@@ -186,7 +192,7 @@ async def delete_message_batch(sqs, call):
     ok, failed = [], []
     for e in entries:
         try:
-            ok.append((e["Id"], _check_receipt(e.get("ReceiptHandle"))))
+            ok.append((e["Id"], _check_receipt(sqs, name, e.get("ReceiptHandle"))))
         except SqsError:
             failed.append(_failed(e["Id"], SqsError(
                 "ReceiptHandleIsInvalid", f"The input receipt handle \"{e.get('ReceiptHandle')}"
@@ -196,7 +202,7 @@ async def delete_message_batch(sqs, call):
 
 
 async def _change(sqs, name, receipt, seconds):
-    _check_receipt(receipt)
+    _check_receipt(sqs, name, receipt)
     if is_fifo(name):
         if not await sqs.run(sqs.fifo_state(name).change, receipt, seconds):
             raise SqsError("MessageNotInflight", "Message does not exist or is not available "
