@@ -166,6 +166,17 @@ def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure)
               show_default=True, metavar="SECONDS",
               help="a connection idle or stalled in a request's headers or body for this "
                    "long is closed")
+@click.option("--max-idle-connections", type=click.IntRange(min=0), default=0,
+              show_default=True, metavar="N",
+              help="most connections that have sent no request yet (with --auth: not "
+                   "authenticated yet); one beyond is closed at once (0: from the "
+                   "descriptor limit)")
+@click.option("--max-idle-per-address", type=click.IntRange(min=0), default=0,
+              show_default=True, metavar="N",
+              help="the same, per client address (0: from the descriptor limit)")
+@click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, metavar="SECONDS",
+              help="a new connection that sends no complete request for this long is closed")
 @click.pass_context
 def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout, max_body,
           threads, loop, **more):
@@ -214,7 +225,9 @@ def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout,
                          max_body=options["max_body"], loop=options["loop"],
                          client_timeout=options.pop("client_timeout", 60.0),
                          sasquatch=options.get("sasquatch"), ssl_context=ssl_context,
-                         auth=auth))
+                         auth=auth, max_idle_connections=options["max_idle_connections"],
+                         max_idle_per_address=options["max_idle_per_address"],
+                         header_timeout=options["header_timeout"]))
 
 
 # -- looking --------------------------------------------------------------------------------

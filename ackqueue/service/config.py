@@ -76,6 +76,12 @@ KEYS = [
      "max_body"),
     ("server", "loop", _choice("asyncio", "uvloop", "auto"), "asyncio", None, None,
      "asyncio, uvloop or auto", "loop"),
+    ("server", "max_idle_connections", _int, 0, 0, None, "unauthenticated idle "
+     "connections (0: from ulimit -n)", "max_idle_connections"),
+    ("server", "max_idle_per_address", _int, 0, 0, None, "the same, per client address "
+     "(0: from ulimit -n)", "max_idle_per_address"),
+    ("server", "header_timeout", _float, 10.0, 0.001, 3600, "seconds for a new "
+     "connection's first request", "header_timeout"),
     ("queue", "max_queue_length", _int, 5000, 1, None, ">= 1", "max_queue_length"),
     ("queue", "max_message_size_kb", _int, 256, 1, 10240, "1-10240", "max_message_size"),
     ("queue", "max_request_body_size_kb", _int, 1024, 1, None, ">= 1", None),
