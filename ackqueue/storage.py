@@ -52,7 +52,7 @@ from .tail import check_tail
 log = logging.getLogger(__name__)
 
 __all__ = ["Database", "open_database", "open_file_storage", "parse_zeo_url", "prefetch",
-           "check_format", "repair"]
+           "check_format", "repair", "lock_holder", "note_holder"]
 
 PREFETCH_MAX = 64   # objects changed by another process's commit that a wake-up prefetches
 WRITTEN_KEPT = 256  # objects this process wrote lately, remembered for the warm prefetch
@@ -1012,11 +1012,21 @@ def _check_regular(path):
 
 
 def _locked_error(path):
+    held = f"queue file {path!r} is already open in another process{_lock_holder(path)}"
+    url = lock_holder(path)[1]
+    if url is not None and url.startswith("zeo://"):
+        return QueueLocked(
+            f"{held}: the queue server (ackqueue server) serves it at {url}. Open its "
+            f"queues there, as AckQueue(path={url!r}) or ackqueue ls {url}")
+    if url is not None:
+        return QueueLocked(
+            f"{held}: the queue service (ackqueue serve) serves it at {url}. Open its "
+            f"queues there, as AckQueue(path={url!r}, name=...) or ackqueue ls {url}")
     return QueueLocked(
-        f"queue file {path!r} is already open in another process{_lock_holder(path)}. "
-        "A queue file can be used by one process at a time; to share a queue between "
-        f"processes, serve the file (ackqueue server {path}) and open it as "
-        "AckQueue(path='zeo://HOST:PORT')")
+        f"{held}. A queue file can be used by one process at a time; to share a queue "
+        f"between processes, serve the file (ackqueue serve {path}) and open it as "
+        "AckQueue(path='http://127.0.0.1:8080'), or share it through ZEO (ackqueue server "
+        f"{path}) as AckQueue(path='zeo://HOST:PORT')")
 
 
 def _check_tail(path, repair=False):
@@ -1053,12 +1063,36 @@ def repair(path):
 
 
 def _lock_holder(path):
+    pid = lock_holder(path)[0]
+    return f" (pid {pid})" if pid else ""
+
+
+def lock_holder(path):
+    """(pid, url) of the process holding the queue file path, as its lock file says: pid
+    as FileStorage wrote it (None if unknown), url where it serves the file (None unless
+    it recorded one with note_holder)."""
     try:
         with open(path + ".lock") as f:
-            pid = f.read().strip()
+            fields = f.read().split()
     except OSError:
-        return ""
-    return f" (pid {pid})" if pid else ""
+        return None, None
+    pid = fields[0] if fields else None
+    url = fields[1] if len(fields) > 1 and "://" in fields[1] else None
+    return pid, url
+
+
+def note_holder(path, url):
+    """Record in the lock file of the queue file path, which this process holds, the url
+    where it serves it (after the pid FileStorage wrote there), so that a process refused
+    the file is told where to reach its queues.  The next process to take the lock
+    rewrites the lock file as it takes it, so a url does not outlive its holder's hold
+    (but for that instant).  Best effort: the url only improves an error message, so a
+    lock file it cannot write is left as it is."""
+    try:
+        with open(path + ".lock", "a") as f:
+            f.write(f"{url}\n")
+    except OSError:
+        pass
 
 
 def _remove_stale_lock(path, had_tmp=True):

@@ -81,6 +81,40 @@ def test_pack_through_the_service_packs_its_file_while_it_serves(own_service, tm
     assert service.stop() == 0
 
 
+# -- a held queue file names what holds it --------------------------------------------------
+
+def test_a_file_the_service_holds_is_refused_naming_ackqueue_serve_and_its_url(
+        own_service, tmp_path):
+    path = tmp_path / "q.fs"
+    service = own_service()
+    with pytest.raises(QueueLocked) as info:
+        AckQueue(path=str(path))
+    text = str(info.value)
+    assert "ackqueue serve" in text and service.url in text, text
+    assert f"pid {service.proc.pid}" in text and "zeo://" not in text, text
+    line = one_line_error(run("ls", path), 1)
+    assert "ackqueue serve" in line and f"ackqueue ls {service.url}" in line, line
+
+    # Once the service is gone, the next holder's lock says nothing of that URL.
+    service.kill()
+    holder = spawn(HOLDER, path)
+    try:
+        assert read_line(holder) == "open"
+        with pytest.raises(QueueLocked) as info:
+            AckQueue(path=str(path))
+        assert f"pid {holder.pid}" in str(info.value)
+        assert service.url not in str(info.value), str(info.value)
+    finally:
+        kill(holder)
+
+
+def test_a_file_a_zeo_server_holds_is_refused_naming_its_url(server):
+    with pytest.raises(QueueLocked) as info:
+        AckQueue(path=server.path)
+    text = str(info.value)
+    assert "ackqueue server" in text and server.url in text, text
+
+
 # -- help and ids ---------------------------------------------------------------------------
 
 def test_top_level_help_lists_the_services_http_urls_as_targets():

@@ -7,6 +7,7 @@ import sys
 
 from aiohttp import web
 
+from ..storage import note_holder
 from .core import Service
 from .http import make_app
 
@@ -61,6 +62,8 @@ async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
             usite = web.UnixSite(runner, socket_path)
             await usite.start()
             where.append(f"unix:{socket_path}")
+        if service.path is not None:    # a process refused the file is told this URL
+            note_holder(service.path, where[0])
         print(f"ackqueue serve: listening on {' and '.join(where)} (pid {os.getpid()}, "
               f"{service.description}); stop with SIGTERM or Ctrl-C", file=out, flush=True)
         await stop.wait()
