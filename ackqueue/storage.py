@@ -971,7 +971,8 @@ def open_file_storage(path, durability="fsync", repair=False):
         # as FILE.old (until the next pack), doubling the disk a queue uses at the moment
         # it should shrink.  ackqueue never reads it: a pack only drops acknowledged
         # messages and superseded revisions, and the swap to the packed file is atomic.
-        storage = cls(path, create=not os.path.exists(path), pack_keep_old=False)
+        with _index_warning_explained(path):
+            storage = cls(path, create=not os.path.exists(path), pack_keep_old=False)
     except zc.lockfile.LockError:
         raise _locked_error(path) from None
     except FileStorageFormatError:
@@ -990,6 +991,41 @@ def open_file_storage(path, durability="fsync", repair=False):
                            f"({type(exc).__name__}: {exc}); the file was left as it is"
                            ) from exc
     return storage
+
+
+class _StaleIndexExplained(logging.Filter):
+    """Drops FileStorage's "Ignoring index for PATH" for the file being opened, logging
+    what it means in its place: the .index beside the file does not match it (it is the
+    one written when the file was created, when no process closed the file since, or the
+    index of a file since replaced), so FileStorage rebuilds it by reading the whole file
+    (and writes it); the index is only a cache, no data is lost."""
+
+    IGNORED = "Ignoring index for %s"
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = os.path.abspath(path)
+
+    def filter(self, record):
+        if record.msg != self.IGNORED or record.args != (self.path,):
+            return True
+        log.warning("ackqueue: queue file %r was not closed cleanly (or was replaced): its "
+                    ".index is out of date, so it is rebuilt from the file; nothing is lost",
+                    self.path)
+        return False
+
+
+@contextlib.contextmanager
+def _index_warning_explained(path):
+    """While FileStorage opens path: its stale-index warning explained in ackqueue's words
+    (ZODB's line reads as an alarm, and is the normal aftermath of a crash)."""
+    zodb_log = logging.getLogger("ZODB.FileStorage")
+    explained = _StaleIndexExplained(path)
+    zodb_log.addFilter(explained)
+    try:
+        yield
+    finally:
+        zodb_log.removeFilter(explained)
 
 
 def _check_regular(path):

@@ -132,3 +132,30 @@ def test_get_and_peek_print_a_message_id_the_same_way(tmp_path, own_service):
         peeked = ok("peek", target, "jobs").stdout.splitlines()[0]
         got = ok("get", target, "jobs").stdout.splitlines()[0]
         assert peeked.startswith("#1  ") and got.startswith("#1  "), (peeked, got)
+
+
+# -- a stale .index after a SIGKILL: one line of ackqueue's --------------------------------
+
+def test_a_stale_index_after_a_sigkill_is_explained_in_one_line(tmp_path, caplog):
+    path = tmp_path / "jobs.fs"
+    sigkilled(HOLDER, path)                 # it made the file and never closed it
+    proc = run("ls", path)                  # the command line: one plain line on stderr
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-5:] == ["jobs", "fifo", "3", "0", "0"], proc.stdout
+    [line] = proc.stderr.splitlines()
+    assert "was not closed cleanly" in line and "nothing is lost" in line, line
+
+    # In a program, through logging: ackqueue's record, not ZODB's; and once the file was
+    # closed (its .index written), the next open has nothing to explain.
+    other = tmp_path / "other.fs"
+    sigkilled(HOLDER, other)
+    caplog.set_level(logging.INFO)
+    with AckQueue(path=str(other), name="jobs") as q:
+        assert q.qsize() == 3
+    records = [(r.name, r.getMessage()) for r in caplog.records]
+    assert not [r for r in records if r[0].startswith("ZODB")], records
+    assert [n for n, m in records if "was not closed cleanly" in m] == ["ackqueue.storage"]
+    caplog.clear()
+    with AckQueue(path=str(other), name="jobs") as q:
+        assert q.qsize() == 3
+    assert not [r for r in caplog.records if "index" in r.getMessage()], caplog.records
