@@ -163,6 +163,24 @@ def test_a_move_task_that_moves_nothing_is_failed_with_its_reason(own_service):
     sqs.close()
 
 
+# -- the demo's header counts what its totals count -----------------------------------------
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_demos_header_counts_what_its_totals_count(tmp_path, capsys):
+    from ackqueue.demo import run_demo
+    assert run_demo(jobs=300, workers=2, directory=str(tmp_path), seed=3) == 0
+    out = capsys.readouterr().out
+    header = re.match(r"ackqueue demo: (\d+) messages: (\d+) jobs", out)
+    assert header, out.splitlines()[0]
+    total = int(header.group(1))
+    assert int(header.group(2)) == 300 and total > 300
+    put, acked = map(int, re.search(r"verify: put (\d+), acked (\d+)", out).groups())
+    assert put == acked == total
+    progress = re.findall(r"put (\d+)/(\d+)  acked (\d+)", out)
+    assert progress and all(int(of) == total for _, of, _ in progress)
+    assert progress[-1] == (str(total), str(total), str(total))
+
+
 # -- a stale .index after a SIGKILL: one line of ackqueue's --------------------------------
 
 def test_a_stale_index_after_a_sigkill_is_explained_in_one_line(tmp_path, caplog):
