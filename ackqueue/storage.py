@@ -1009,9 +1009,11 @@ class _StaleIndexExplained(logging.Filter):
     def filter(self, record):
         if record.msg != self.IGNORED or record.args != (self.path,):
             return True
-        log.warning("ackqueue: queue file %r was not closed cleanly (or was replaced): its "
-                    ".index is out of date, so it is rebuilt from the file; nothing is lost",
-                    self.path)
+        # INFO, as the cut of the zeros such a process leaves (ackqueue.tail): what a
+        # crash leaves behind, handled, with nothing for anyone to do.
+        log.info("ackqueue: queue file %r was not closed cleanly (or was replaced): its "
+                 ".index is out of date, so it is rebuilt from the file; nothing is lost",
+                 self.path)
         return False
 
 
@@ -1052,11 +1054,11 @@ def _locked_error(path):
     url = lock_holder(path)[1]
     if url is not None and url.startswith("zeo://"):
         return QueueLocked(
-            f"{held}: the queue server (ackqueue server) serves it at {url}. Open its "
-            f"queues there, as AckQueue(path={url!r}) or ackqueue ls {url}")
+            f"{held}: a queue server (ZEO) serves it at {url}. Open its queues there, as "
+            f"AckQueue(path={url!r}) or ackqueue ls {url}")
     if url is not None:
         return QueueLocked(
-            f"{held}: the queue service (ackqueue serve) serves it at {url}. Open its "
+            f"{held}: ackqueue serve, the queue service, serves it at {url}. Open its "
             f"queues there, as AckQueue(path={url!r}, name=...) or ackqueue ls {url}")
     return QueueLocked(
         f"{held}. A queue file can be used by one process at a time; to share a queue "

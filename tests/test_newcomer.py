@@ -112,7 +112,7 @@ def test_a_file_a_zeo_server_holds_is_refused_naming_its_url(server):
     with pytest.raises(QueueLocked) as info:
         AckQueue(path=server.path)
     text = str(info.value)
-    assert "ackqueue server" in text and server.url in text, text
+    assert "queue server (ZEO)" in text and server.url in text, text
 
 
 # -- help and ids ---------------------------------------------------------------------------
@@ -183,26 +183,40 @@ def test_the_demos_header_counts_what_its_totals_count(tmp_path, capsys):
 
 # -- a stale .index after a SIGKILL: one line of ackqueue's --------------------------------
 
-def test_a_stale_index_after_a_sigkill_is_explained_in_one_line(tmp_path, caplog):
-    path = tmp_path / "jobs.fs"
-    sigkilled(HOLDER, path)                 # it made the file and never closed it
-    proc = run("ls", path)                  # the command line: one plain line on stderr
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[-5:] == ["jobs", "fifo", "3", "0", "0"], proc.stdout
-    [line] = proc.stderr.splitlines()
+def test_a_stale_index_after_a_sigkill_is_explained_in_one_line(own_service, tmp_path,
+                                                                caplog):
+    # The service, SIGKILLed and started again: its log has ackqueue's line, not ZODB's.
+    service = own_service()
+    ok("put", service.url, "jobs", "kept")
+    service.kill()
+    service.start()
+    assert json.loads(ok("get", service.url, "jobs", "--json").stdout)["body"] == "kept"
+    assert service.stop() == 0
+    log = (tmp_path / "service.log").read_text()
+    assert "Ignoring index" not in log and "ZODB" not in log, log
+    [line] = [x for x in log.splitlines() if ".index" in x]
+    assert "INFO ackqueue.storage: ackqueue: queue file" in line, line
     assert "was not closed cleanly" in line and "nothing is lost" in line, line
 
-    # In a program, through logging: ackqueue's record, not ZODB's; and once the file was
-    # closed (its .index written), the next open has nothing to explain.
+    # The command line, after a SIGKILLed holder: nothing on stderr.
+    path = tmp_path / "jobs.fs"
+    sigkilled(HOLDER, path)                 # it made the file and never closed it
+    proc = run("ls", path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.split()[-5:] == ["jobs", "fifo", "3", "0", "0"], proc.stdout
+
+    # In a program, through logging: ackqueue's INFO record, not ZODB's WARNING; and once
+    # the file was closed (its .index written), the next open has nothing to explain.
     other = tmp_path / "other.fs"
     sigkilled(HOLDER, other)
     caplog.set_level(logging.INFO)
     with AckQueue(path=str(other), name="jobs") as q:
         assert q.qsize() == 3
-    records = [(r.name, r.getMessage()) for r in caplog.records]
+    records = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
     assert not [r for r in records if r[0].startswith("ZODB")], records
-    assert [n for n, m in records if "was not closed cleanly" in m] == ["ackqueue.storage"]
+    assert [r[:2] for r in records if "was not closed cleanly" in r[2]] == [
+        ("ackqueue.storage", "INFO")]
     caplog.clear()
     with AckQueue(path=str(other), name="jobs") as q:
         assert q.qsize() == 3
-    assert not [r for r in caplog.records if "index" in r.getMessage()], caplog.records
+    assert not [r for r in caplog.records if ".index" in r.getMessage()], caplog.records
