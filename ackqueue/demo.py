@@ -157,11 +157,11 @@ class Demo:
         ready = q.qsize()
         inflight = max(0, q.unfinished_tasks - ready)
         with self.lock:
-            jobs_put = sum(1 for i in self.put_ids if isinstance(i, int))
+            put = len(self.put_ids)           # jobs and children, as the totals count
             acked = len(self.processed)
             died = self.crashes
-        self.say(f"  {now:5.1f}s  put {jobs_put}/{self.jobs}  acked {acked}  ready {ready}  "
-                 f"in flight {inflight}  workers died {died}")
+        self.say(f"  {now:5.1f}s  put {put}/{len(self.expected)}  acked {acked}  "
+                 f"ready {ready}  in flight {inflight}  workers died {died}")
 
     # -- threads --------------------------------------------------------------------------
 
@@ -374,8 +374,10 @@ class Demo:
     def run(self):
         ids = list(range(self.jobs))
         split = (self.jobs * 3) // 5
-        self.say(f"ackqueue demo: {self.jobs} jobs ({len(self.parents)} parents fan out into "
-                 f"{CHILDREN} children each), seed {self.seed}, queue file {self.path}")
+        children = len(self.expected) - self.jobs
+        self.say(f"ackqueue demo: {len(self.expected)} messages: {self.jobs} jobs, of which "
+                 f"{len(self.parents)} parents fan out into {CHILDREN} children each "
+                 f"(+{children}); seed {self.seed}, queue file {self.path}")
         ready = self.phase_one(ids[:split])
         left = self.phase_two(ready)
         drained, unfinished = self.phase_three(ids[split:], left)

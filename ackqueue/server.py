@@ -30,7 +30,7 @@ from ZEO.StorageServer import StorageServer
 from ZODB.POSException import POSKeyError
 
 from .errors import QueueLocked
-from .storage import _lock_holder, open_file_storage
+from .storage import _lock_holder, lock_holder, note_holder, open_file_storage
 
 __all__ = ["serve", "parse_listen", "DEFAULT_PORT"]
 
@@ -179,6 +179,8 @@ def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", tls=
         ZODB.DB(open_file_storage(path)).close()    # create the root before clients race
         storage = open_file_storage(path, durability)
     except QueueLocked:
+        if lock_holder(path)[1] is not None:
+            raise                   # it names the server or service that holds the file
         raise QueueLocked(
             f"queue file {path!r} is already open in another process{_lock_holder(path)}: "
             "if that is an ackqueue server, clients reach the queue at its address "
@@ -197,6 +199,7 @@ def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", tls=
         raise
     try:
         bound_host, bound_port = server.addr[:2]
+        note_holder(path, f"zeo://{bound_host}:{bound_port}")   # for a process refused it
         for signum in (signal.SIGTERM, signal.SIGINT):
             # Raised by the event loop between two requests.  Raised from a plain signal
             # handler, SystemExit could land inside a request (a vote reading its data),

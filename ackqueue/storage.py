@@ -52,7 +52,7 @@ from .tail import check_tail
 log = logging.getLogger(__name__)
 
 __all__ = ["Database", "open_database", "open_file_storage", "parse_zeo_url", "prefetch",
-           "check_format", "repair"]
+           "check_format", "repair", "lock_holder", "note_holder"]
 
 PREFETCH_MAX = 64   # objects changed by another process's commit that a wake-up prefetches
 WRITTEN_KEPT = 256  # objects this process wrote lately, remembered for the warm prefetch
@@ -971,7 +971,8 @@ def open_file_storage(path, durability="fsync", repair=False):
         # as FILE.old (until the next pack), doubling the disk a queue uses at the moment
         # it should shrink.  ackqueue never reads it: a pack only drops acknowledged
         # messages and superseded revisions, and the swap to the packed file is atomic.
-        storage = cls(path, create=not os.path.exists(path), pack_keep_old=False)
+        with _index_warning_explained(path):
+            storage = cls(path, create=not os.path.exists(path), pack_keep_old=False)
     except zc.lockfile.LockError:
         raise _locked_error(path) from None
     except FileStorageFormatError:
@@ -990,6 +991,43 @@ def open_file_storage(path, durability="fsync", repair=False):
                            f"({type(exc).__name__}: {exc}); the file was left as it is"
                            ) from exc
     return storage
+
+
+class _StaleIndexExplained(logging.Filter):
+    """Drops FileStorage's "Ignoring index for PATH" for the file being opened, logging
+    what it means in its place: the .index beside the file does not match it (it is the
+    one written when the file was created, when no process closed the file since, or the
+    index of a file since replaced), so FileStorage rebuilds it by reading the whole file
+    (and writes it); the index is only a cache, no data is lost."""
+
+    IGNORED = "Ignoring index for %s"
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = os.path.abspath(path)
+
+    def filter(self, record):
+        if record.msg != self.IGNORED or record.args != (self.path,):
+            return True
+        # INFO, as the cut of the zeros such a process leaves (ackqueue.tail): what a
+        # crash leaves behind, handled, with nothing for anyone to do.
+        log.info("ackqueue: queue file %r was not closed cleanly (or was replaced): its "
+                 ".index is out of date, so it is rebuilt from the file; nothing is lost",
+                 self.path)
+        return False
+
+
+@contextlib.contextmanager
+def _index_warning_explained(path):
+    """While FileStorage opens path: its stale-index warning explained in ackqueue's words
+    (ZODB's line reads as an alarm, and is the normal aftermath of a crash)."""
+    zodb_log = logging.getLogger("ZODB.FileStorage")
+    explained = _StaleIndexExplained(path)
+    zodb_log.addFilter(explained)
+    try:
+        yield
+    finally:
+        zodb_log.removeFilter(explained)
 
 
 def _check_regular(path):
@@ -1012,11 +1050,21 @@ def _check_regular(path):
 
 
 def _locked_error(path):
+    held = f"queue file {path!r} is already open in another process{_lock_holder(path)}"
+    url = lock_holder(path)[1]
+    if url is not None and url.startswith("zeo://"):
+        return QueueLocked(
+            f"{held}: a queue server (ZEO) serves it at {url}. Open its queues there, as "
+            f"AckQueue(path={url!r}) or ackqueue ls {url}")
+    if url is not None:
+        return QueueLocked(
+            f"{held}: ackqueue serve, the queue service, serves it at {url}. Open its "
+            f"queues there, as AckQueue(path={url!r}, name=...) or ackqueue ls {url}")
     return QueueLocked(
-        f"queue file {path!r} is already open in another process{_lock_holder(path)}. "
-        "A queue file can be used by one process at a time; to share a queue between "
-        f"processes, serve the file (ackqueue server {path}) and open it as "
-        "AckQueue(path='zeo://HOST:PORT')")
+        f"{held}. A queue file can be used by one process at a time; to share a queue "
+        f"between processes, serve the file (ackqueue serve {path}) and open it as "
+        "AckQueue(path='http://127.0.0.1:8080'), or share it through ZEO (ackqueue server "
+        f"{path}) as AckQueue(path='zeo://HOST:PORT')")
 
 
 def _check_tail(path, repair=False):
@@ -1053,12 +1101,36 @@ def repair(path):
 
 
 def _lock_holder(path):
+    pid = lock_holder(path)[0]
+    return f" (pid {pid})" if pid else ""
+
+
+def lock_holder(path):
+    """(pid, url) of the process holding the queue file path, as its lock file says: pid
+    as FileStorage wrote it (None if unknown), url where it serves the file (None unless
+    it recorded one with note_holder)."""
     try:
         with open(path + ".lock") as f:
-            pid = f.read().strip()
+            fields = f.read().split()
     except OSError:
-        return ""
-    return f" (pid {pid})" if pid else ""
+        return None, None
+    pid = fields[0] if fields else None
+    url = fields[1] if len(fields) > 1 and "://" in fields[1] else None
+    return pid, url
+
+
+def note_holder(path, url):
+    """Record in the lock file of the queue file path, which this process holds, the url
+    where it serves it (after the pid FileStorage wrote there), so that a process refused
+    the file is told where to reach its queues.  The next process to take the lock
+    rewrites the lock file as it takes it, so a url does not outlive its holder's hold
+    (but for that instant).  Best effort: the url only improves an error message, so a
+    lock file it cannot write is left as it is."""
+    try:
+        with open(path + ".lock", "a") as f:
+            f.write(f"{url}\n")
+    except OSError:
+        pass
 
 
 def _remove_stale_lock(path, had_tmp=True):

@@ -23,11 +23,13 @@ GROUP_HELP = f"""A persistent, acknowledging drop-in for queue.Queue.
 \b
 Operator commands take the store first: ackqueue COMMAND TARGET ...
 TARGET is a queue file (one process at a time: a file another process
-holds is refused) or a queue server, zeo://HOST:PORT.
+holds is refused), the queue service, http://HOST:PORT (ackqueue serve;
+https:// with TLS), or a queue server, zeo://HOST:PORT (ackqueue server).
 
 \b
 Example:
   ackqueue ls jobs.fs
+  ackqueue ls http://127.0.0.1:8080
   ackqueue peek zeo://127.0.0.1:{DEFAULT_PORT} jobs -n 5
 
 \b
@@ -477,7 +479,7 @@ def get(target, queue, ack, as_json):
     elif m is None:
         click.echo(f"queue {queue!r} has no ready message")
     else:
-        click.echo(f"#{m.id}  priority {m.priority}  received {m.receive_count}x")
+        click.echo(f"#{int(m.id)}  priority {m.priority}  received {m.receive_count}x")
         if m.attributes:
             click.echo("  attributes: " + ", ".join(f"{k}={v}" for k, v in
                                                     sorted(m.attributes.items())))
@@ -534,20 +536,17 @@ def redrive(target, dlq, to):
 @user_errors
 def pack(target):
     """Pack TARGET's storage: acknowledged messages and old revisions go, the file
-    shrinks.  Through a server the server packs it while it stays in use.
+    shrinks.  Through a server or the queue service, it packs its file while the queues
+    stay in use.
 
     \b
     Example:
       ackqueue pack jobs.fs
+      ackqueue pack http://127.0.0.1:8080
     """
-    from ..maintenance import pack as pack_storage
     with Target(target) as t:
-        if t.database is None:
-            raise CommandError(f"pack works on a queue file or a zeo:// server, not through "
-                               f"the queue service at {target}: the service's process owns "
-                               "its file (stop it, then ackqueue pack FILE)")
         with Progress("packing", total=None, unit="bytes"):
-            report = pack_storage(t.database)
+            report = t.pack()
     if report.size_before is not None and report.size_after is not None:
         click.echo(f"packed {target}: {report.size_before:,} -> {report.size_after:,} "
                    f"bytes in {report.seconds:.2f} s")

@@ -65,7 +65,7 @@ class Target:
         self._queues = []
         if is_service(where):
             # Through the queue service: its native API (ackqueue.remote); queues are
-            # FIFO there, and what needs the store itself (pack, redrive) says so.
+            # FIFO there, and the service packs its file itself (POST /v1/pack).
             self.database = None
             return
         if is_server(where):
@@ -124,6 +124,18 @@ class Target:
             finally:
                 q.close()
         return result
+
+    def pack(self):
+        """Pack the storage while its queues stay in use; a maintenance.PackReport.  The
+        queue service packs its own file, asked through a handle on it (nothing is put)."""
+        from ..maintenance import pack
+        if self.database is not None:
+            return pack(self.database)
+        probe = AckQueue(path=self.where)
+        try:
+            return probe.pack()
+        finally:
+            probe.close()
 
     def queue(self, name, *, must_exist=True, kind=None):
         """The queue called name, opened with its own class (FIFO, LIFO or priority).  A

@@ -8,6 +8,7 @@ import sys
 
 from aiohttp import web
 
+from ..storage import note_holder
 from .core import Service
 from .gate import HEADER_TIMEOUT, Gate, default_caps
 from .http import make_app
@@ -100,6 +101,8 @@ async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
     listener = None
     try:
         listener, where = await _listen(runner, gate, host, port, socket_path, ssl_context)
+        if service.path is not None:    # a process refused the file is told this URL
+            note_holder(service.path, where[0])
         print(f"ackqueue serve: listening on {' and '.join(where)} (pid {os.getpid()}, "
               f"{service.description}); stop with SIGTERM or Ctrl-C", file=out, flush=True)
         await stop.wait()

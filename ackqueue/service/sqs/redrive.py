@@ -1,7 +1,10 @@
 """StartMessageMoveTask, ListMessageMoveTasks, CancelMessageMoveTask: moving a dead-letter
 queue's messages back to the queues they came from (or to DestinationArn), through the
 library's redrive (queue.redrive).  A task runs to its end before StartMessageMoveTask
-answers (the move is a few commits), so it is COMPLETED when listed."""
+answers (the move is a few commits), so it is COMPLETED when listed; a task that moved
+nothing is FAILED, with a FailureReason saying why (AWS gives a reason to failed tasks
+only): the queue was empty, its messages were in flight or delayed (only ready messages
+move), or none of its ready ones came from another queue (without DestinationArn)."""
 import uuid
 
 from .errors import SqsError
@@ -52,12 +55,28 @@ async def start_message_move_task(sqs, call):
             "ApproximateNumberOfMessagesMoved": moved,
             "ApproximateNumberOfMessagesToMove": before.get("ready", 0),
             "StartedTimestamp": int(sqs.clock() * 1000)}
+    if not moved:
+        task["Status"], task["FailureReason"] = "FAILED", _why_nothing_moved(before)
     if dest_arn:
         task["DestinationArn"] = dest_arn
     if call.params.get("MaxNumberOfMessagesPerSecond") is not None:
         task["MaxNumberOfMessagesPerSecond"] = call.params["MaxNumberOfMessagesPerSecond"]
     sqs.tasks.setdefault(source_arn, []).insert(0, task)
     return {"TaskHandle": handle}
+
+
+def _why_nothing_moved(counts):
+    """Why a move task found nothing to move, from the source queue's counts before it."""
+    ready, in_flight, delayed = (counts.get(k, 0) for k in ("ready", "in_flight", "delayed"))
+    if ready:
+        return (f"None of the {ready} available messages was moved to a dead-letter queue "
+                "from another queue (they were sent to it directly): give DestinationArn "
+                "to move them.")
+    if in_flight or delayed:
+        return (f"No message was available to move: {in_flight} in flight (received and "
+                f"not deleted; they move once their visibility timeout ends) and {delayed} "
+                "delayed. A move task moves the available messages only.")
+    return "The source queue has no messages to move."
 
 
 async def list_message_move_tasks(sqs, call):
@@ -73,8 +92,8 @@ async def cancel_message_move_task(sqs, call):
     for tasks in sqs.tasks.values():
         for t in tasks:
             if t["TaskHandle"] == handle:
-                raise SqsError("UnsupportedOperation",
-                               "Only active tasks can be cancelled: this task has completed.")
+                raise SqsError("UnsupportedOperation", "Only active tasks can be "
+                               f"cancelled: this task has {t['Status'].lower()}.")
     raise SqsError("ResourceNotFoundException", "Task does not exist.")
 
 
