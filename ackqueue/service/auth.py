@@ -48,8 +48,17 @@ __all__ = ["Auth", "load_auth", "ROUTES", "prepare", "Refused", "is_loopback", "
 
 RIGHTS = ("read", "write", "admin")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
-AUTH = web.RequestKey("ackqueue.auth", object)         # set on every request: auth is on
-CLIENT = web.RequestKey("ackqueue.client", object)     # the request's auth.Client
+
+
+def _request_key(name):
+    """A key of a request's storage: web.RequestKey where aiohttp has it (newer releases
+    warn about string keys), the string name on the older ones setup.py allows."""
+    key_type = getattr(web, "RequestKey", None)
+    return name if key_type is None else key_type(name, object)
+
+
+AUTH = _request_key("ackqueue.auth")           # set on every request: auth is on
+CLIENT = _request_key("ackqueue.client")       # the request's auth.Client
 
 # (method, route) -> (right, where the queue name is): "path" {name}; "all" service-wide
 # (the right under "*"); "body" the JSON body's queue_name (Sasquatch); "batch" every
