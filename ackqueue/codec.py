@@ -40,6 +40,7 @@ import io
 import json
 import pickle
 
+from . import jsontext
 from .errors import EncodingRefused, ForbiddenClass, PickleRefused, UnpicklableItem
 
 __all__ = ["CODECS", "DEFAULT", "encode", "decode", "kind", "payload", "mark",
@@ -98,11 +99,12 @@ def mark_text(queue_codec, data, name=None):
     if queue_codec == BYTES:
         return _BYTES + data
     try:
-        json.loads(data)
-    except ValueError:
+        jsontext.loads(data)
+    except ValueError as exc:
         raise EncodingRefused(
             f"{'the queue' if name is None else f'queue {name!r}'} has codec 'json': a "
-            "message body must be a JSON text", codec=JSON, encoding=TEXT) from None
+            f"message body must be a JSON text{jsontext.why(exc)}", codec=JSON,
+            encoding=TEXT) from None
     return _JSON + data
 
 
@@ -195,7 +197,7 @@ def mark(what, data):
     if what == BYTES:
         return _BYTES + data
     if what == JSON:
-        json.loads(data)                                # ValueError if it is not JSON
+        jsontext.loads(data)                            # ValueError if it is not JSON
         return _JSON + data
     if what == PICKLE:
         if not data.startswith(b"\x80"):

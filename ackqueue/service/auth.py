@@ -44,6 +44,8 @@ import ssl
 
 from aiohttp import web
 
+from ackqueue import jsontext
+
 __all__ = ["Auth", "load_auth", "ROUTES", "prepare", "Refused", "is_loopback", "may"]
 
 RIGHTS = ("read", "write", "admin")
@@ -250,8 +252,8 @@ async def _queues(request, where):
         return [] if names == [("*", None)] else names
     if where in ("body", "batch"):
         try:
-            doc = json.loads(await request.read()) if request.body_exists else None
-        except (ValueError, UnicodeDecodeError):
+            doc = jsontext.loads(await request.read()) if request.body_exists else None
+        except ValueError:                  # (UnicodeDecodeError is one)
             doc = None
         if where == "body":
             names = [(doc.get("queue_name"), None)] if isinstance(doc, dict) else []

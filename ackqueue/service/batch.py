@@ -29,12 +29,11 @@ the first attempt, in the same commit.
 import asyncio
 import base64
 import binascii
-import json
 import math
 
 from aiohttp import web
 
-from ackqueue import codec, store
+from ackqueue import codec, jsontext, store
 from ackqueue.atomic import transaction
 from ackqueue.errors import DuplicateMessage, ItemTooLarge, QueueKindMismatch, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
@@ -78,9 +77,10 @@ def _load(data, content_type):
             raise ApiError(400, "InvalidRequest", "frames: the JSON document comes first")
         data, bodies = parts[0], parts[1:]
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "InvalidRequest", "the body must be a JSON object") from None
+        doc = jsontext.loads(data)
+    except ValueError as exc:                   # (UnicodeDecodeError is one)
+        raise ApiError(400, "InvalidRequest",
+                       "the body must be a JSON object" + jsontext.why(exc)) from None
     if not isinstance(doc, dict):
         raise ApiError(400, "InvalidRequest", "the body must be a JSON object")
     unknown = set(doc) - {"puts", "acks", "lease", "idempotency_key"}

@@ -60,7 +60,7 @@ import time
 
 from aiohttp import web
 
-from ackqueue import codec, store
+from ackqueue import codec, jsontext, store
 from ackqueue.errors import DuplicateMessage
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 from ackqueue.state import PutOptions
@@ -217,7 +217,7 @@ async def list_streams(request):
 def _rows_header(data):
     try:
         parts = decode_frames(data)
-        head = json.loads(parts[0])
+        head = jsontext.loads(parts[0])
         dedup_ids = head["dedup_ids"]
         bodies = parts[1:]
         priorities = head.get("priorities") or [store.DEFAULT_PRIORITY] * len(bodies)

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from ackqueue import codec, store
+from ackqueue import codec, jsontext, store
 from ackqueue.frames import FRAMES, decode_frames, encode_frames  # noqa: F401 (re-exported)
 from ackqueue.errors import DuplicateMessage, EncodingRefused, NotHeld, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
@@ -109,9 +109,10 @@ def _put_options(request):
     raw = request.headers.get("X-Attributes")
     if raw is not None:
         try:
-            attributes = json.loads(raw)
-        except ValueError:
-            raise ApiError(400, "InvalidRequest", "X-Attributes must be a JSON object") from None
+            attributes = jsontext.loads(raw)
+        except ValueError as exc:
+            raise ApiError(400, "InvalidRequest",
+                           f"X-Attributes must be a JSON object{jsontext.why(exc)}") from None
         if not isinstance(attributes, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()):
             raise ApiError(400, "ValidationError",
@@ -691,13 +692,14 @@ async def _receipts(request):
         data = await request.read()
         if data.strip():
             try:
-                doc = json.loads(data)
+                doc = jsontext.loads(data)
                 more = doc["receipts"]
                 if not isinstance(more, list) or not all(isinstance(r, str) for r in more):
                     raise ValueError
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError) as exc:
                 raise ApiError(400, "InvalidRequest",
-                               'the body must be {"receipts": ["...", ...]}') from None
+                               'the body must be {"receipts": ["...", ...]}'
+                               + jsontext.why(exc)) from None
             receipts += more
     if not receipts:
         raise ApiError(400, "InvalidRequest", "no receipt handle given")

@@ -22,7 +22,6 @@ send none); a receipt of another queue than the one named matches nothing, and w
 import asyncio
 import base64
 import hashlib
-import json
 import queue as _stdlib_queue
 import random
 import re
@@ -32,7 +31,7 @@ from collections import Counter
 from aiohttp import web
 
 import ackqueue
-from ackqueue import AckQueue, codec, store
+from ackqueue import AckQueue, codec, jsontext, store
 from ackqueue.browse import READY
 from ackqueue.errors import DuplicateMessage, EncodingRefused, NotHeld, QueueKindMismatch
 from ackqueue.state import PutOptions
@@ -116,9 +115,9 @@ def _receipts(doc):
 
 def _json_object(data):
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        _fail("InvalidRequest", "the request body is not valid JSON")
+        doc = jsontext.loads(data)
+    except ValueError as exc:                   # (UnicodeDecodeError is one)
+        _fail("InvalidRequest", "the request body is not valid JSON" + jsontext.why(exc))
     if not isinstance(doc, dict):
         _fail("InvalidRequest", "the request body must be a JSON object")
     return doc

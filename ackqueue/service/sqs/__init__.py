@@ -21,6 +21,8 @@ import uuid
 
 from aiohttp import web
 
+from ackqueue import jsontext
+
 from . import messages, permissions, queues, receive, redrive
 from .errors import CONTENT_TYPE, SqsError, error_response
 from .front import Call, SqsFront
@@ -102,9 +104,10 @@ class Handler:
                                             "endpoint.")
         body = await request.read()
         try:
-            params = json.loads(body) if body.strip() else {}
-        except (ValueError, UnicodeDecodeError):
-            raise SqsError("InvalidParameterValue", "the request body is not JSON") from None
+            params = jsontext.loads(body) if body.strip() else {}
+        except ValueError as exc:               # (UnicodeDecodeError is one)
+            raise SqsError("InvalidParameterValue",
+                           "the request body is not JSON" + jsontext.why(exc)) from None
         if not isinstance(params, dict):
             raise SqsError("InvalidParameterValue", "the request body must be a JSON object")
         client, key_id, region = self._authorize(request, body, action, params)

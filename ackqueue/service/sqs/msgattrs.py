@@ -14,6 +14,8 @@ import binascii
 import json
 import re
 
+from ackqueue import jsontext
+
 from .errors import SqsError
 
 __all__ = ["validate", "to_store", "from_store", "select", "size_of", "RESERVED"]
@@ -121,7 +123,7 @@ def from_store(pairs):
     value}) of a stored message's attributes (a dict)."""
     pairs = dict(pairs or {})
     try:
-        types = json.loads(pairs.pop(TYPES, "{}"))
+        types = jsontext.loads(pairs.pop(TYPES, "{}"))
     except ValueError:
         types = {}
     attributes, system = {}, {}

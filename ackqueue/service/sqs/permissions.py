@@ -3,6 +3,8 @@ writes them (Sid = Label, Principal arn:aws:iam::ACCOUNT:root, Action SQS:<actio
 policy is recorded and returned, not enforced: who may do what is ``--auth``'s rights."""
 import json
 
+from ackqueue import jsontext
+
 from .errors import SqsError
 from .params import queue_name_of_url, required, string_list
 
@@ -17,7 +19,7 @@ def _policy(rec, call, name):
     raw = rec["attributes"].get("Policy")
     if raw:
         try:
-            doc = json.loads(raw)
+            doc = jsontext.loads(raw)
             if isinstance(doc, dict) and isinstance(doc.get("Statement"), list):
                 return doc
         except ValueError:

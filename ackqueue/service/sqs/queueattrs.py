@@ -4,6 +4,8 @@ import json
 import os
 import re
 
+from ackqueue import jsontext
+
 from .errors import SqsError
 
 __all__ = ["DEFAULTS", "check_name", "check_attributes", "arn", "name_of_arn", "ACCOUNT",
@@ -122,7 +124,7 @@ def _redrive(value, fifo, exists):
     if value == "":
         return ""
     try:
-        doc = json.loads(value)
+        doc = jsontext.loads(value)
     except ValueError:
         _invalid("RedrivePolicy", value, "Redrive policy is not a valid JSON map.")
     if not isinstance(doc, dict) or "deadLetterTargetArn" not in doc or (
