@@ -44,7 +44,8 @@ def _queues_of(params, where):
     if where is None:
         return ["*"]
     if where == "name":
-        return [params.get("QueueName") or "*"]
+        name = params.get("QueueName")
+        return [name if isinstance(name, str) and name else "*"]
     if where == "url":
         try:
             return [queue_name_of_url(params.get("QueueUrl"))]

@@ -74,9 +74,13 @@ def _value(name, dtype, a, what):
         raw = a.get("BinaryValue")
         if raw is None or raw == "":
             _bad(f"{what} '{name}' must contain a non-empty value of type 'Binary'.")
+        # The JSON protocol carries a binary value as base64 text: only a string is one
+        # (bytes() of a number would make that many zero bytes).
+        if not isinstance(raw, str):
+            _bad(f"{what} '{name}': BinaryValue must be a base64 string")
         try:
-            data = base64.b64decode(raw, validate=True) if isinstance(raw, str) else bytes(raw)
-        except (binascii.Error, TypeError, ValueError):
+            data = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
             _bad(f"{what} '{name}': BinaryValue is not base64")
         return {"DataType": dtype, "BinaryValue": data}
     value = a.get("StringValue")

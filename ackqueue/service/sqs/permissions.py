@@ -6,7 +6,7 @@ import json
 from ackqueue import jsontext
 
 from .errors import SqsError
-from .params import queue_name_of_url, required, string_list
+from .params import queue_name_of_url, string, string_list
 
 __all__ = ["ACTIONS"]
 
@@ -40,7 +40,7 @@ async def _save(sqs, name, rec, policy):
 async def add_permission(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     rec = await sqs.record(name)
-    label = required(call.params, "Label")
+    label = string(call.params, "Label", need=True)
     actions = string_list(call.params, "Actions")
     if not actions:
         raise SqsError("MissingParameter", "The request must contain the parameter Actions.")
@@ -74,7 +74,7 @@ async def add_permission(sqs, call):
 async def remove_permission(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     rec = await sqs.record(name)
-    label = required(call.params, "Label")
+    label = string(call.params, "Label", need=True)
     policy = _policy(rec, call, name)
     kept = [s for s in policy["Statement"] if s.get("Sid") != label]
     if len(kept) == len(policy["Statement"]):

@@ -77,6 +77,8 @@ def check_attributes(attrs, name, *, creating, exists):
     fifo = is_fifo(name)
     out = {}
     for key, value in attrs.items():
+        if isinstance(value, (dict, list)) or value is None:
+            _invalid(key, "", "an attribute's value is a string")
         if not isinstance(value, str):
             value = str(value)
         if key in _RANGES:
@@ -133,7 +135,7 @@ def _redrive(value, fifo, exists):
                                          "attribute: deadLetterTargetArn / maxReceiveCount.")
     try:
         count = int(doc["maxReceiveCount"])
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):      # (OverflowError: an infinity)
         count = 0
     if not 1 <= count <= 1000:
         _invalid("RedrivePolicy", value, "Invalid value for maxReceiveCount: "

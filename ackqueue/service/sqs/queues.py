@@ -3,7 +3,7 @@ Get/SetQueueAttributes, Tag/Untag/ListQueueTags, ListDeadLetterSourceQueues."""
 import base64
 
 from .errors import SqsError
-from .params import integer, queue_name_of_url, required, string_list
+from .params import integer, queue_name_of_url, required, string, string_list
 from .queueattrs import READ_ONLY, check_attributes, check_name
 
 __all__ = ["ACTIONS"]
@@ -37,7 +37,7 @@ async def create_queue(sqs, call):
 
 
 async def get_queue_url(sqs, call):
-    name = required(call.params, "QueueName")
+    name = string(call.params, "QueueName", need=True)
     await sqs.record(name)
     return {"QueueUrl": call.url(name)}
 
@@ -45,7 +45,7 @@ async def get_queue_url(sqs, call):
 def _page(names, params):
     """(page, next token) of sorted names by MaxResults/NextToken."""
     limit = integer(params, "MaxResults", None, 1, 1000)
-    token = params.get("NextToken")
+    token = string(params, "NextToken")
     if token:
         try:
             after = base64.urlsafe_b64decode(token.encode()).decode()
@@ -60,7 +60,7 @@ def _page(names, params):
 
 
 async def list_queues(sqs, call):
-    prefix = call.params.get("QueueNamePrefix") or ""
+    prefix = string(call.params, "QueueNamePrefix", "")
     names = [n for n in await sqs.names() if n.startswith(prefix)]
     if call.client is not None:
         names = [n for n in names if call.client.may("read", n)]

@@ -8,7 +8,7 @@ move), or none of its ready ones came from another queue (without DestinationArn
 import uuid
 
 from .errors import SqsError
-from .params import required
+from .params import integer, string
 from .queueattrs import name_of_arn, redrive_of
 
 __all__ = ["ACTIONS"]
@@ -32,7 +32,7 @@ def _queue_of(arn_value, what):
 
 
 async def start_message_move_task(sqs, call):
-    source_arn = required(call.params, "SourceArn")
+    source_arn = string(call.params, "SourceArn", need=True)
     source = _queue_of(source_arn, "SourceArn")
     if await sqs.record(source, must_exist=False) is None:
         raise SqsError("ResourceNotFoundException", "The resource that you specified for "
@@ -40,10 +40,15 @@ async def start_message_move_task(sqs, call):
     if not await _sources_of(sqs, source):
         raise SqsError("InvalidParameterValue", "Source queue must be configured as a Dead "
                                                 "Letter Queue.")
-    dest_arn = call.params.get("DestinationArn")
+    dest_arn = string(call.params, "DestinationArn")
+    rate = integer(call.params, "MaxNumberOfMessagesPerSecond", None, 1, 500)
     dest = None
     if dest_arn:
         dest = _queue_of(dest_arn, "DestinationArn")
+        if dest == source:
+            raise SqsError("InvalidParameterValue",
+                           f"Value {dest_arn} for parameter DestinationArn is invalid. "
+                           "Reason: the destination must be another queue than the source.")
         await sqs.record(dest)
     q, _ = await sqs.queue(source)
     if dest is not None:
@@ -59,8 +64,8 @@ async def start_message_move_task(sqs, call):
         task["Status"], task["FailureReason"] = "FAILED", _why_nothing_moved(before)
     if dest_arn:
         task["DestinationArn"] = dest_arn
-    if call.params.get("MaxNumberOfMessagesPerSecond") is not None:
-        task["MaxNumberOfMessagesPerSecond"] = call.params["MaxNumberOfMessagesPerSecond"]
+    if rate is not None:
+        task["MaxNumberOfMessagesPerSecond"] = rate
     sqs.tasks.setdefault(source_arn, []).insert(0, task)
     return {"TaskHandle": handle}
 
@@ -80,15 +85,15 @@ def _why_nothing_moved(counts):
 
 
 async def list_message_move_tasks(sqs, call):
-    source_arn = required(call.params, "SourceArn")
+    source_arn = string(call.params, "SourceArn", need=True)
     await sqs.record(_queue_of(source_arn, "SourceArn"))
-    limit = call.params.get("MaxResults") or 1
+    limit = integer(call.params, "MaxResults", 1, 1, 10)
     return {"Results": [{k: v for k, v in t.items() if k != "TaskHandle"}
-                        for t in sqs.tasks.get(source_arn, [])[:int(limit)]]}
+                        for t in sqs.tasks.get(source_arn, [])[:limit]]}
 
 
 async def cancel_message_move_task(sqs, call):
-    handle = required(call.params, "TaskHandle")
+    handle = string(call.params, "TaskHandle", need=True)
     for tasks in sqs.tasks.values():
         for t in tasks:
             if t["TaskHandle"] == handle:
