@@ -29,7 +29,7 @@ from ackqueue.frames import FRAMES, decode_frames, encode_frames  # noqa: F401 (
 from ackqueue.errors import DuplicateMessage, EncodingRefused, NotHeld, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 
-from . import codecs
+from . import codecs, storagefull
 from .bridge import Bridge
 from .core import check_client, check_name
 from .waker import Waker
@@ -44,15 +44,19 @@ MAX_WAIT = 60.0
 
 
 class ApiError(Exception):
-    def __init__(self, status, code, message, **extra):
+    """An error answer: status, code and message, extra fields of the error object, and
+    headers of the response (Retry-After, say)."""
+
+    def __init__(self, status, code, message, *, headers=None, **extra):
         super().__init__(message)
         self.status, self.code, self.message, self.extra = status, code, message, extra
+        self.headers = headers
 
 
-def error_response(status, code, message, **extra):
+def error_response(status, code, message, *, headers=None, **extra):
     body = {"error": {"code": code, "message": message}}
     body["error"].update(extra)
-    return web.json_response(body, status=status)
+    return web.json_response(body, status=status, headers=headers)
 
 
 # -- framing ------------------------------------------------------------------------------
@@ -242,6 +246,7 @@ class Api:
         self.reaper = None
         self.stopping = False
         self.started = time.time()
+        self.full_log = storagefull.Throttled("ackqueue service: the storage is full")
 
     async def run(self, fn, *args):
         return await self.loop.run_in_executor(self.pool, fn, *args)
@@ -290,6 +295,17 @@ class Api:
     def session(self, client):
         return self.service.leases.touch(client)
 
+    def storage_full(self, exc):
+        """The ApiError (503 StorageFull, Retry-After) for a request that exc failed
+        because the storage is full, logged at most once per interval
+        (storagefull.Throttled); None when exc is something else."""
+        full = storagefull.full_error(exc)
+        if full is None:
+            return None
+        self.full_log(f"{full.strerror or full}; queue file {self.service.path}")
+        return ApiError(503, "StorageFull", storagefull.message(full),
+                        headers={"Retry-After": str(storagefull.RETRY_AFTER)})
+
     # -- middleware and lifecycle --------------------------------------------------------
 
     @web.middleware
@@ -309,7 +325,8 @@ class Api:
         except ApiError as exc:
             if exc.status in (408, 413):
                 return _closing(exc.status, exc.code, exc.message, **exc.extra)
-            return error_response(exc.status, exc.code, exc.message, **exc.extra)
+            return error_response(exc.status, exc.code, exc.message, headers=exc.headers,
+                                  **exc.extra)
         except EncodingRefused as exc:      # a front that put without codecs.check_bodies
             exc = codecs.refused(exc)
             return error_response(exc.status, exc.code, exc.message, **exc.extra)
@@ -324,7 +341,11 @@ class Api:
             return error_response(exc.status, "InvalidRequest", exc.reason)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
+            full = self.storage_full(exc)
+            if full is not None:            # no traceback: one line per interval
+                return error_response(full.status, full.code, full.message,
+                                      headers=full.headers)
             log.exception("ackqueue service: internal error on %s %s", request.method,
                           request.path)
             return error_response(500, "InternalError", "internal error")

@@ -217,7 +217,7 @@ def document():
                         "InvalidRequest", "ValidationError", "NotFound", "MethodNotAllowed",
                         "DuplicateMessage", "StaleReceipt", "UnknownReceipt",
                         "MessageSizeExceeded", "RequestTimeout", "InternalError",
-                        "QueueFull", "QueueKindMismatch"]},
+                        "QueueFull", "QueueKindMismatch", "StorageFull"]},
                     "message": {"type": "string"}}}}},
             "Counts": {"type": "object", "properties": {
                 "ready": {"type": "integer"}, "in_flight": {"type": "integer"},
@@ -241,4 +241,23 @@ def document():
     batch.openapi_paths(doc)                     # /v1/batch
     admin.openapi_paths(doc)                     # redrive, pack
     codecs.openapi_paths(doc)                    # /v1/queues/{name}/codec
+    _storage_full(doc)
     return doc
+
+
+_FULL = {"description": "the storage is full (StorageFull; Sasquatch's sends: also "
+                        "QueueFull): nothing of the commit was kept; retry after "
+                        "Retry-After seconds",
+         "headers": {"Retry-After": {"schema": {"type": "integer"},
+                                     "description": "seconds to wait before a retry"}},
+         "content": _ERR["content"]}
+
+
+def _storage_full(doc):
+    """A 503 answer on every operation that answers errors: any of them may open (make)
+    a queue or commit, which a full disk refuses (service/storagefull.py)."""
+    for item in doc["paths"].values():
+        for op in item.values():
+            responses = op.get("responses", {})
+            if any(code[0] in "45" for code in responses):
+                responses["503"] = _FULL

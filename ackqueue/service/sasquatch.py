@@ -321,13 +321,23 @@ class Sasquatch:
         if not 1 <= len(messages) <= MAX_BATCH:
             _fail("ValidationError", f"messages has 1 to {MAX_BATCH} messages")
 
+        full = []                           # the entries' StorageFull errors
+
         async def one(i, m):
             try:
                 return i, await self._put(*self._send_fields(m)), None
             except ApiError as exc:
                 return i, None, {"code": exc.code, "message": exc.message}
+            except OSError as exc:          # a full storage fails this entry, not all
+                error = self.api.storage_full(exc)
+                if error is None:
+                    raise
+                full.append(error)
+                return i, None, {"code": error.code, "message": error.message}
         # Concurrent puts share the library's group commits.
         results = await asyncio.gather(*(one(i, m) for i, m in enumerate(messages)))
+        if len(full) == len(results):       # none stored: the request's 503, Retry-After
+            raise full[0]
         return web.json_response({
             "successful": [dict(index=i, **ok) for i, ok, _ in results if ok is not None],
             "failed": [{"index": i, "error": err} for i, _, err in results if err is not None]})

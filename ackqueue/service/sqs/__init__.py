@@ -90,7 +90,11 @@ class Handler:
             return error_response(exc)
         except web.HTTPException:
             raise
-        except Exception:
+        except Exception as exc:
+            full = self.front.api.storage_full(exc)
+            if full is not None:            # no traceback: one line per interval
+                return error_response(SqsError("ServiceUnavailable", full.message,
+                                               headers=full.headers))
             log.exception("ackqueue SQS: internal error")
             return error_response(SqsError("InternalError", "internal error"))
 

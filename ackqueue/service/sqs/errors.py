@@ -45,17 +45,19 @@ _CODES = {
     "AccessDenied": ("AccessDenied", 403, "Sender"),
     "RequestTooLarge": ("RequestTooLarge", 413, "Sender"),
     "InternalError": ("InternalError", 500, "Receiver"),
+    "ServiceUnavailable": ("ServiceUnavailable", 503, "Receiver"),
 }
 
 
 class SqsError(Exception):
     """An SQS error: code is one of _CODES' keys (the JSON protocol's error name)."""
 
-    def __init__(self, code, message):
+    def __init__(self, code, message, *, headers=None):
         if code not in _CODES:
             raise ValueError(f"not an SQS error code: {code}")
         super().__init__(message)
         self.code, self.message = code, message
+        self.headers = headers          # more response headers (Retry-After, say)
 
     @property
     def legacy_code(self):
@@ -71,4 +73,5 @@ def error_response(exc):
     body = json.dumps({"__type": f"com.amazonaws.sqs#{exc.code}", "message": exc.message})
     return web.Response(body=body.encode(), status=status, content_type=CONTENT_TYPE,
                         headers={"x-amzn-query-error": f"{legacy};{fault}",
-                                 "x-amzn-RequestId": str(uuid.uuid4())})
+                                 "x-amzn-RequestId": str(uuid.uuid4()),
+                                 **(exc.headers or {})})
