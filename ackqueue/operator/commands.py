@@ -3,6 +3,7 @@
 import json
 import logging
 import pickle
+import socket
 import sys
 import time
 
@@ -220,16 +221,25 @@ def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout,
         sys.exit(2)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.exit(run_service(None if memory else path, options["host"], options["port"],
-                         socket_path=options["socket_path"],
-                         durability=options["durability"],
-                         lease_timeout=options["lease_timeout"], pool_size=options["threads"],
-                         max_body=options["max_body"], loop=options["loop"],
-                         client_timeout=options.pop("client_timeout", 60.0),
-                         sasquatch=options.get("sasquatch"), ssl_context=ssl_context,
-                         auth=auth, max_idle_connections=options["max_idle_connections"],
-                         max_idle_per_address=options["max_idle_per_address"],
-                         header_timeout=options["header_timeout"]))
+    try:
+        code = run_service(None if memory else path, options["host"], options["port"],
+                           socket_path=options["socket_path"],
+                           durability=options["durability"],
+                           lease_timeout=options["lease_timeout"],
+                           pool_size=options["threads"], max_body=options["max_body"],
+                           loop=options["loop"],
+                           client_timeout=options.pop("client_timeout", 60.0),
+                           sasquatch=options.get("sasquatch"), ssl_context=ssl_context,
+                           auth=auth, max_idle_connections=options["max_idle_connections"],
+                           max_idle_per_address=options["max_idle_per_address"],
+                           header_timeout=options["header_timeout"])
+    except socket.gaierror as exc:      # one line, never a traceback
+        raise CommandError(f"--host {options['host']}: no address found for this host "
+                           f"name ({exc.strerror}); give a name or address of this "
+                           "machine, e.g. 127.0.0.1") from None
+    except (AckQueueError, OSError) as exc:
+        raise CommandError(_one_line(exc)) from None
+    sys.exit(code)
 
 
 # -- looking --------------------------------------------------------------------------------
