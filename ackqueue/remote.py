@@ -168,6 +168,9 @@ class _Http:
                     self.close()
                 if status in (502, 503, 504):
                     why = f"HTTP {status}"
+                    code, message, _ = _error(status, data)
+                    if code == "StorageFull":   # retried too (space may be freed); said
+                        why += f": {message}"
                 else:
                     return status, answer.get("content-type", ""), data, attempt
             except ssl.SSLCertVerificationError as exc:

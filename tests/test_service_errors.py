@@ -275,6 +275,12 @@ def test_a_full_disk_is_503_with_retry_after_on_every_front_and_logs_no_tracebac
             assert headers["x-amzn-query-error"] == "ServiceUnavailable;Receiver"
             assert headers["Retry-After"] == "30" and "storage is full" in doc["message"]
             refused += 5 + 2           # (send_batch: each of its 3 entries is counted)
+        # The remote drop-in retries (space may be freed), then says what it was.
+        from ackqueue import AckQueue, ServerUnavailable
+        with AckQueue(path=s.url + "?wait_timeout=0.5", name="jobs") as q:
+            with pytest.raises(ServerUnavailable, match="HTTP 503: the service's storage "
+                                                        "is full"):
+                q.put("r" * 10_000)
         # Space again: the service goes on by itself, nothing put before was lost.
         _set_file_size_limit(s.proc.pid, None)
         assert call(s.url, "POST", "/v1/queues/jobs/messages", b"after")[0] == 200
