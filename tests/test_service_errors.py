@@ -223,8 +223,7 @@ def test_sqs_parameters_of_the_right_type_still_work(served):
 
 # -- a full disk -----------------------------------------------------------------------------
 
-FULL_RE = re.compile(r"the storage is full \(File too large; queue file [^)]+\): (\d+) "
-                     r"requests? refused")
+FULL_LINE = "ackqueue serve: the storage is full (File too large; queue file "
 
 
 def _set_file_size_limit(pid, limit):
@@ -292,34 +291,25 @@ def test_a_full_disk_is_503_with_retry_after_on_every_front_and_logs_no_tracebac
         assert s.stop() == 0
     text = open(s.log_path, encoding="utf-8", errors="replace").read()
     assert "Traceback" not in text and "internal error" not in text, text[-3000:]
-    counts = [int(n) for n in FULL_RE.findall(text)]
-    # one line at the first refusal, then at most one a minute, each with its count
-    assert counts and counts[0] == 1 and len(counts) < refused, text[-3000:]
-
-
-def test_the_storage_full_log_is_one_line_per_interval_with_a_count():
-    import logging
-    from ackqueue.service.storagefull import Throttled
-    lines, now = [], [100.0]
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-    logger = logging.getLogger("test.storagefull")
-    logger.propagate = False
-    logger.addHandler(Collect())
-    log = Throttled("full", interval=60, clock=lambda: now[0], logger=logger)
-    assert log("d") is True                         # the first at once
-    for t in (101, 130, 159.9):
-        now[0] = t
-        assert log("d") is False
-    now[0] = 160.0
-    assert log("d") is True
-    assert len(lines) == 2 and "1 request refused" in lines[0], lines
-    assert "4 requests refused" in lines[1], lines
+    lines = [line for line in text.splitlines() if FULL_LINE in line]
+    # one line at the first refusal, then at most one a minute with a count (and one at
+    # the stop with the count not written yet)
+    assert lines and lines[0].endswith("until space is freed"), text[-3000:]
+    assert len(lines) < refused / 2, lines
+    more = re.search(r"; ([\d,]+) more (before stopping|in the last 60 s)$", lines[-1])
+    assert more and int(more.group(1).replace(",", "")) >= 1, lines
 
 
 # -- ackqueue serve --host NAME that does not resolve ---------------------------------------
+
+def _error_lines(stderr):
+    """The Error: lines of stderr, which must end with the one there is (before it, only
+    the service's log lines: the limits it starts with)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("Error: "), stderr
+    assert all(" INFO " in line for line in lines[:-1]), stderr
+    return [line for line in lines if line.startswith("Error: ")]
+
 
 def test_serve_on_a_host_name_that_does_not_resolve_is_one_error_line(tmp_path):
     proc = subprocess.run([console_script(), "serve", "--memory", "--port", "0", "--host",
@@ -327,8 +317,8 @@ def test_serve_on_a_host_name_that_does_not_resolve_is_one_error_line(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 1, proc
     assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: --host no-such-host.invalid"), \
+    errors = _error_lines(proc.stderr)
+    assert len(errors) == 1 and errors[0].startswith("Error: --host no-such-host.invalid"), \
         proc.stderr
     assert proc.stdout == ""
 
@@ -354,9 +344,8 @@ def test_serve_on_a_port_in_use_or_a_held_file_is_one_error_line(tmp_path):
         held.close()
     for p, what in ((proc, "address already in use"), (proc2, "already open")):
         assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
-        lines = [line for line in p.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and lines[0].startswith("Error: ") and what in lines[0], \
-            p.stderr
+        errors = _error_lines(p.stderr)
+        assert len(errors) == 1 and what in errors[0], p.stderr
 
 
 def test_under_auth_a_queue_name_of_the_wrong_type_is_400(tmp_path):

@@ -32,6 +32,7 @@ from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 from . import codecs, storagefull
 from .bridge import Bridge
 from .core import check_client, check_name
+from .listener import RateLimitedLog
 from .waker import Waker
 
 __all__ = ["make_app", "API", "FRAMES", "encode_frames", "decode_frames"]
@@ -246,7 +247,7 @@ class Api:
         self.reaper = None
         self.stopping = False
         self.started = time.time()
-        self.full_log = storagefull.Throttled("ackqueue service: the storage is full")
+        self.full_log = None            # listener.RateLimitedLog, made on startup
 
     async def run(self, fn, *args):
         return await self.loop.run_in_executor(self.pool, fn, *args)
@@ -297,12 +298,14 @@ class Api:
 
     def storage_full(self, exc):
         """The ApiError (503 StorageFull, Retry-After) for a request that exc failed
-        because the storage is full, logged at most once per interval
-        (storagefull.Throttled); None when exc is something else."""
+        because the storage is full, logged once per interval with a count
+        (listener.RateLimitedLog); None when exc is something else."""
         full = storagefull.full_error(exc)
         if full is None:
             return None
-        self.full_log(f"{full.strerror or full}; queue file {self.service.path}")
+        if self.full_log is not None:   # (None before the application starts)
+            self.full_log.note(storagefull.log_line(full, self.service.path),
+                               level=logging.ERROR)
         return ApiError(503, "StorageFull", storagefull.message(full),
                         headers={"Retry-After": str(storagefull.RETRY_AFTER)})
 
@@ -392,6 +395,8 @@ class Api:
         self.loop = asyncio.get_running_loop()
         self.bridge = Bridge(self.loop)
         self.bridge.attach(self.service.committer())
+        self.full_log = RateLimitedLog(log, storagefull.LOG_INTERVAL,
+                                       call_later=self.loop.call_later)
         self.reaper = asyncio.ensure_future(self._reap())
 
     async def on_shutdown(self, app):
@@ -404,6 +409,8 @@ class Api:
             self.reaper.cancel()
 
     async def on_cleanup(self, app):
+        if self.full_log is not None:
+            self.full_log.close()           # the count not written yet
         for name in list(self.listening):
             q = self.service.queues.get(name)
             if q is not None:

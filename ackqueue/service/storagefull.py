@@ -7,19 +7,17 @@ RLIMIT_FSIZE); the storage cuts the transaction off the file (storage.py), so no
 that commit is kept and the queues stay usable.  Nothing is wrong with the request: the
 native and Sasquatch APIs answer 503 ``StorageFull`` and the SQS protocol 503
 ``ServiceUnavailable`` (what SDKs retry), each with ``Retry-After: RETRY_AFTER``, and the
-service recovers by itself: the first commit that fits once space is freed succeeds.
+service recovers by itself: the first commit that fits once space is freed succeeds.  The
+log gets one line, then one each LOG_INTERVAL with how many more requests were refused
+(the service's listener.RateLimitedLog), never a traceback per request.
 A request of several commits (a batch of rows, Sasquatch's send_batch) may have stored
 the commits before the one that did not fit; Sasquatch's send_batch says which entries
 failed, as for any other entry error.
 """
 import errno
-import logging
-import threading
-import time
 
-__all__ = ["FULL_ERRNOS", "RETRY_AFTER", "full_error", "message", "Throttled"]
-
-log = logging.getLogger("ackqueue.service")
+__all__ = ["FULL_ERRNOS", "RETRY_AFTER", "LOG_INTERVAL", "full_error", "message",
+           "log_line"]
 
 FULL_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EFBIG")
                         if hasattr(errno, n))
@@ -39,35 +37,13 @@ def full_error(exc):
     return None
 
 
+def log_line(full, path):
+    """The log line (and rate-limited log's key) for the OSError full on queue file path."""
+    return (f"the storage is full ({full.strerror or full}; queue file {path}): requests "
+            f"that write are answered 503 until space is freed")
+
+
 def message(full):
     """What a client is told when the OSError full refused its request's commit."""
     return (f"the service's storage is full ({full.strerror or full}): the request's "
             f"changes were not stored; retry after {RETRY_AFTER} s, once space is freed")
-
-
-class Throttled:
-    """A log of one kind of event that writes at most one line per interval: the first
-    event at once, then, at the first event an interval after the last line, one line
-    with how many events there were since (clock: injectable, monotonic seconds).
-    Thread-safe."""
-
-    def __init__(self, text, interval=LOG_INTERVAL, clock=time.monotonic, logger=log):
-        self.text, self.interval, self.clock, self.logger = text, interval, clock, logger
-        self.lock = threading.Lock()
-        self.count = 0              # events since the last line
-        self.next_at = None         # when the next line may be written (None: at once)
-
-    def __call__(self, detail):
-        """Count one event; log a line (text, detail, the count) if one is due; whether
-        a line was written."""
-        with self.lock:
-            self.count += 1
-            now = self.clock()
-            if self.next_at is not None and now < self.next_at:
-                return False
-            count, self.count = self.count, 0
-            self.next_at = now + self.interval
-        self.logger.error("%s (%s): %d request%s refused since the last such line (at "
-                          "most one line every %g s)", self.text, detail, count,
-                          "" if count == 1 else "s", self.interval)
-        return True
