@@ -7,7 +7,7 @@ together), and none of them when it ends by an exception (what was received is g
 the puts never existed).  The queues must share one database (one Committer): queues opened
 on the same file, the same ``db=`` or the same in-memory database; or be queues of one queue
 service (``path="http://..."``), whose blocks travel as one atomic batch request
-(ackqueue.remote_block); others raise ValueError.
+(ackqueue.remote.block); others raise ValueError.
 
 ``keep=`` names received messages (``Message`` objects, from ``get_message`` /
 ``get_messages``) that must still be held by their delivery when the commit is made, and
@@ -25,7 +25,7 @@ they take this way.
 from . import store
 from .connection import commit_blocks
 from .errors import NotHeld
-from .remote_block import RemoteBlock, commit_together
+from .remote.block import RemoteBlock, commit_together
 
 __all__ = ["transaction"]
 

@@ -30,7 +30,7 @@ from ZODB.Connection import Connection as _ZODBConnection
 from . import codec, deferred, store
 from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, StaleAck,
                      UnreadableItem, unreadable_error)
-from .fresh import read_fresh
+from .pack_rereads import read_fresh
 from .message import Message, MessageId
 from .state import DEFAULT_PUT, Ask, MessageMissing, Meta, check_timeout
 

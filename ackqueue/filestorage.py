@@ -1,397 +1,38 @@
-"""Opening the storage under a queue: in memory, a FileStorage file, a queue server
-(zeo://HOST:PORT), or an application's DB.
+"""The queue file under a queue: FileStorage subclasses (the commit's scratch in memory,
+known tids, the watched file, the two durabilities "fsync" and "os"), their pools, the
+file's lock and the holder note a refused process reads, repair, and the stale-index note.
 
-A process opens each file or server once.  Every AckQueue on the same file (any name)
-shares one Database handle: one ZODB.DB, one Committer, and one live state per queue name,
-so two queue objects for the same queue in one process behave as one queue.  The handle is
-reference counted and closed (writing FileStorage's .index, which makes the next open fast)
-when its last queue closes, or at interpreter exit.
-
-A storage this process holds alone (a file, memory) is *exclusive*: queues keep their state
-in memory (ackqueue.state).  A server's storage is *shared* with other processes: queues
-read the store (ackqueue.shared), the process holds a lease (ackqueue.lease), and the
-server's invalidations wake waiting getters here (through a small subclass of ZEO's
-ClientStorage that reports them and remembers what this process wrote) and prefetch what
-those getters are about to read, or, in an idle producer, what its next put will write.
+open_file_storage opens a file with clear errors (ackqueue.database opens it as a
+Database; ackqueue.zeo.server serves it).  A torn tail is cut first (ackqueue.torn_tail).
 """
-import atexit
-import collections
 import contextlib
 import io
-import itertools
 import logging
 import os
-import queue as _queue
-import socket
 import stat
-import threading
 import time
-from time import monotonic as _monotonic
-from urllib.parse import parse_qs, urlsplit
 
-import transaction
-import ZODB
 import zc.lockfile
-from ZEO.ClientStorage import ClientStorage
-from ZEO.Exceptions import ClientDisconnected
 from ZODB.FileStorage import FileStorage
 from ZODB.FileStorage.FileStorage import (FilePool, FileStorageFormatError,
                                           FileStorageQuotaError, TempFormatter)
 from ZODB.FileStorage.format import DataHeader, TxnHeader
-from ZODB.MappingStorage import MappingStorage
-from ZODB.POSException import ConflictError, ReadOnlyError, StorageTransactionError
-from ZODB.utils import as_bytes, p64, u64
+from ZODB.POSException import ReadOnlyError, StorageTransactionError
+from ZODB.utils import as_bytes, p64
 
-from . import store
-from .commit import Committer
-from .errors import (NotAQueueFile, QueueFileGone, QueueLocked, ServerUnavailable,
-                     StorageError)
-from .lease import DEFAULT_LEASE_TIMEOUT, LeaseKeeper
-from .tail import check_tail
+from .errors import NotAQueueFile, QueueFileGone, QueueLocked, StorageError
+from .torn_tail import check_tail
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Database", "open_database", "open_file_storage", "parse_zeo_url", "prefetch",
-           "check_format", "repair", "lock_holder", "note_holder"]
+__all__ = ["open_file_storage", "check_durability", "DURABILITIES", "repair", "lock_holder",
+           "note_holder", "SyncedFileStorage", "OSDurableFileStorage"]
 
-PREFETCH_MAX = 64   # objects changed by another process's commit that a wake-up prefetches
-WRITTEN_KEPT = 256  # objects this process wrote lately, remembered for the warm prefetch
-WARM_QUIET = 0.005  # seconds without a change before the warm prefetch runs
-WARM_AFTER_PUT = 10.0   # seconds after its latest put that a process keeps its objects warm
 SCRATCH_KEPT = 1 << 20  # bytes of a commit's in-memory scratch kept for the next commit
 AHEAD = 1 << 20         # bytes of zeros a synced queue file keeps written past its end
 KNOWN_TIDS = 4096       # objects whose last record's tid a queue file's storage keeps
 SETTLE_NS = 100_000_000     # a directory unchanged this long shows any later change
 COARSE_SETTLE_NS = 2_100_000_000    # the same where times are whole seconds (FAT: 2 s)
-
-_registry = {}                    # key -> Database
-_registry_lock = threading.Lock()
-
-
-class Database:
-    """A ZODB database as ackqueue uses it: the DB, its committer, and live queue states."""
-
-    def __init__(self, db, *, key, owned, exclusive, description,
-                 lease_timeout=DEFAULT_LEASE_TIMEOUT):
-        self.db = db
-        self.key = key
-        self.owned = owned            # we opened it, so we close it
-        self.exclusive = exclusive    # no other process can write it: in-flight at open is stale
-        self.description = description
-        # Ours and held alone: nothing but this committer writes its queues (their
-        # opening too, LocalArbiter.load), which spares it writes that only guard against
-        # a concurrent writer.  An application's own db= may write them in its own
-        # transactions (connection._AppTransactionBlock); another process through ZEO too.
-        self.committer = Committer(db, description="ackqueue", alone=owned and exclusive)
-        self.states = {}              # queue name -> QueueState
-        self.lock = threading.Lock()  # guards states and refs
-        self.refs = 0
-        self.closed = False
-        self.lease = None
-        self.durability = None        # for files: "fsync" or "os"
-        self._watched = {}            # oid -> shared state woken when that object changes
-        self._changes = None
-        self.last_put_at = None       # monotonic time of this process's latest put (shared)
-        self.pack_lock = threading.Lock()   # one pack at a time (ackqueue.maintenance)
-        self.autopacker = None
-        if not exclusive:
-            try:
-                self.lease = LeaseKeeper(self, lease_timeout)
-            except BaseException:
-                self.committer.close()
-                raise
-            self._changes = _queue.SimpleQueue()
-            threading.Thread(target=self._dispatch_changes, daemon=True,
-                             name="ackqueue-wakeups").start()
-
-    def __repr__(self):
-        return f"<ackqueue Database {self.description}>"
-
-    @property
-    def lease_id(self):
-        return self.lease.lease_id
-
-    def state(self, name, kind, clock, codec=None, allowed=None):
-        """The live state of queue name, made on first use: its arbiter is this process's
-        memory when it holds the storage alone, the store when processes share it.  kind
-        and codec (None: the stored ones) are checked against the stored queue."""
-        from .local import LocalArbiter
-        from .shared import SharedArbiter
-        from .state import QueueState
-        with self.lock:
-            state = self.states.get(name)
-            if state is None:
-                arbiter = LocalArbiter if self.exclusive else SharedArbiter
-                state = self.states[name] = QueueState(self, name, kind, clock, arbiter,
-                                                       codec, allowed)
-            return state
-
-    def enable_autopack(self, threshold_bytes, *, interval=None, keep_seconds=None):
-        """Pack whenever the storage grew by threshold_bytes: see
-        ackqueue.maintenance.enable_autopack (idempotent, keeps the smaller threshold)."""
-        from .maintenance import enable_autopack
-        return enable_autopack(self, threshold_bytes, interval=interval,
-                               keep_seconds=keep_seconds)
-
-    def shared_arbiters(self):
-        """The arbiters of the queues this process shares through a server (leases)."""
-        with self.lock:
-            return [s.arbiter for s in self.states.values() if not self.exclusive]
-
-    # -- wake-ups from the server's invalidations ----------------------------------------
-
-    def watch(self, oid, state):
-        """Wake state's waiters whenever the object oid changes in another process."""
-        self._watched[oid] = state
-
-    def changed(self, oids, tid=None):
-        """Called by the client storage's I/O thread: must not block, so just hand over."""
-        if self._changes is not None:
-            self._changes.put((oids, tid))
-
-    def _dispatch_changes(self):
-        """Wake the states watching what changed, and prefetch what will be read next.
-
-        Two prefetches, so that a process's next operation finds in its client cache the
-        objects another process changed instead of loading them one round trip at a time:
-        - a getter here is blocked in get(): it reads the change at once, so load all of it;
-        - otherwise, in a process that put lately (a producer, whose next put writes the
-          same objects: the tail of the queue, the counters), the changed objects it wrote
-          lately: loaded once no change has come for WARM_QUIET seconds and no commit of
-          its own is under way, which an idle producer has time for and a busy one does
-          not (each further change would make the load stale before its use; in 2
-          producer + 2 consumer processes the producers never did it).  An idle producer's
-          put after a pause no longer loads 3 objects one round trip after another
-          first: (e) across processes p50 9.6-11.7 -> 8.3-8.5 ms.  Consumers are left
-          out: a waiting getter's wake-up loads what it reads, and keeping everything
-          each process wrote warm cost 2 producer + 4 consumer processes about a tenth
-          of their items per second (6 interleaved runs each)."""
-        storage = self.db.storage
-        warm, warm_tid = set(), None
-        while True:
-            try:
-                change = self._changes.get(timeout=WARM_QUIET if warm else None)
-            except _queue.Empty:
-                # Unless this process commits now or committed since: that commit reads or
-                # wrote newer states.
-                if not self.committer.busy() and (storage.last_own_tid is None
-                                                  or storage.last_own_tid < warm_tid):
-                    prefetch(storage, warm, warm_tid)
-                warm.clear()
-                continue
-            if change is _STOP:
-                return
-            oids, tid = change
-            if oids is None:                  # the client's cache was dropped: look again
-                targets = set(self._watched.values())
-                warm.clear()
-            else:
-                targets = {self._watched[o] for o in oids if o in self._watched}
-                # Everything only when getters here are about to read it: prefetching every
-                # change made every client load every commit, needed or not (2 producer and
-                # 2 consumer processes: about 115 -> 70 items/s).
-                if any(state.getters_waiting for state in targets):
-                    prefetch(storage, oids, tid)
-                    warm.clear()
-                else:
-                    keep = self.keep_warm(oids)
-                    if keep:
-                        warm.update(keep)
-                        warm_tid = tid
-            for state in targets:
-                try:
-                    state.store_changed()
-                except Exception:  # pragma: no cover - a wake-up must not kill the thread
-                    log.exception("ackqueue: wake-up failed")
-
-    def keep_warm(self, oids):
-        """Of oids, changed by another process, those this process keeps warm (prefetches
-        once changes stop): in a process that put in the last WARM_AFTER_PUT seconds, the
-        ones it wrote lately (see _dispatch_changes)."""
-        if self.last_put_at is None or _monotonic() - self.last_put_at >= WARM_AFTER_PUT:
-            return []
-        return self.db.storage.written_lately(oids)
-
-    def _release(self):
-        with self.lock:
-            self.refs -= 1
-            if self.refs > 0 or self.closed:
-                return
-            self.closed = True
-            states = list(self.states.values())
-        with _registry_lock:
-            if _registry.get(self.key) is self:
-                del _registry[self.key]
-        if self.autopacker is not None:
-            self.autopacker.stop()      # finishes a pack in progress
-        with self.pack_lock:            # and waits for a manual one (pack() checks closed)
-            pass
-        for state in states:
-            state.stop()
-        if self.lease is not None:
-            self.lease.close()
-            self._changes.put(_STOP)
-        self.committer.close()
-        if self.owned:
-            self.db.close()
-
-
-_STOP = object()
-
-
-class _NotifyingClientStorage(ClientStorage):
-    """ZEO's ClientStorage, telling ackqueue which objects other processes changed, and
-    remembering which objects this process wrote lately (see Database._dispatch_changes)."""
-
-    ackqueue_database = None
-
-    def __init__(self, *args, **kwargs):
-        self._storing = {}                  # id(transaction) -> the oids it stores
-        self._written = collections.OrderedDict()   # oids this process wrote, latest last
-        self._written_lock = threading.Lock()       # commits may finish in several threads
-        self.last_own_tid = None            # the tid of this process's latest commit
-        super().__init__(*args, **kwargs)
-
-    def written_lately(self, oids):
-        """Those of oids that this process's latest commits wrote (WRITTEN_KEPT at most)."""
-        with self._written_lock:
-            return [oid for oid in oids if oid in self._written]
-
-    def store(self, oid, serial, data, version, txn):
-        super().store(oid, serial, data, version, txn)
-        self._storing.setdefault(id(txn), []).append(oid)
-
-    def tpc_finish(self, txn, f=lambda tid: None):
-        oids = self._storing.pop(id(txn), ())
-        tid = super().tpc_finish(txn, f)
-        with self._written_lock:
-            written = self._written
-            for oid in oids:
-                written[oid] = None
-                written.move_to_end(oid)
-            while len(written) > WRITTEN_KEPT:
-                written.popitem(last=False)
-            self.last_own_tid = tid
-        return tid
-
-    def tpc_abort(self, txn, *args, **kwargs):
-        self._storing.pop(id(txn), None)
-        return super().tpc_abort(txn, *args, **kwargs)
-
-    def invalidateTransaction(self, tid, oids):
-        super().invalidateTransaction(tid, oids)
-        if self.ackqueue_database is not None:
-            self.ackqueue_database.changed(set(oids), tid)
-
-    def invalidateCache(self):
-        super().invalidateCache()
-        if self.ackqueue_database is not None:
-            self.ackqueue_database.changed(None)
-
-
-def prefetch(storage, oids, tid):
-    """Start loading, all at once, the states that objects oids have after transaction tid
-    (another process's commit that this client was told of), without waiting.
-
-    The getters woken for that change, and the committer applying their claims, then join
-    the loads in flight or find the states in the client's cache, instead of making a
-    round trip to the server for each in turn (a wake-up and its claim loaded seven
-    objects, one after another)."""
-    if tid is None or len(oids) > PREFETCH_MAX or not storage.is_connected():
-        return
-    try:
-        # A connection that syncs now reads "before" the next transaction id; asking the
-        # same makes the requests identical, and ZEO merges identical loads in flight.
-        storage.prefetch(oids, p64(u64(tid) + 1))
-    except ClientDisconnected:      # lost meanwhile: the readers will load when they can
-        pass
-
-
-_NUMBER_OPTIONS = ("wait_timeout", "lease_timeout")
-_FILE_OPTIONS = ("tls_ca", "tls_cert", "tls_key")
-
-
-def parse_zeo_url(url):
-    """zeo://HOST:PORT[?wait_timeout=S&lease_timeout=S&tls_ca=F&tls_cert=F&tls_key=F] ->
-    ((host, port), options); the tls_ options are file paths (ackqueue.tls)."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme != "zeo" or not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise ValueError(f"not a queue server address: {url!r} (expected zeo://HOST:PORT)")
-    options = {}
-    for name, values in parse_qs(parts.query, strict_parsing=False).items():
-        if name in _FILE_OPTIONS:
-            options[name] = values[-1]
-            continue
-        if name not in _NUMBER_OPTIONS:
-            raise ValueError(f"unknown option {name!r} in {url!r} (known: "
-                             f"{', '.join(_NUMBER_OPTIONS + _FILE_OPTIONS)})")
-        try:
-            options[name] = float(values[-1])
-        except ValueError:
-            raise ValueError(f"option {name} in {url!r} must be a number of seconds") from None
-        if options[name] <= 0:
-            raise ValueError(f"option {name} in {url!r} must be positive")
-    if ("tls_cert" in options) != ("tls_key" in options) or (
-            "tls_cert" in options and "tls_ca" not in options):
-        raise ValueError(f"{url!r}: tls_cert and tls_key go together, with tls_ca")
-    return (parts.hostname, port), options
-
-
-def _client_ssl(options):
-    """The ssl.SSLContext a zeo:// address's tls_ options ask for, or None."""
-    if "tls_ca" not in options:
-        return None
-    from .tls import client_context
-    return client_context(options["tls_ca"], options.get("tls_cert"), options.get("tls_key"))
-
-
-QUIET_WAIT = 1.0        # a wait for a server shorter than this is not announced
-
-
-def _probe_server(url, addr, wait):
-    """Fail at once when the server's host cannot be resolved; log once (WARNING) when
-    nothing listens there yet, before ZEO's client waits up to wait seconds in silence."""
-    try:
-        socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ServerUnavailable(
-            f"cannot reach the queue server at {url}: host {addr[0]!r} cannot be resolved "
-            f"({exc.strerror})") from None
-    try:
-        socket.create_connection(addr, timeout=min(wait, 5.0)).close()
-    except OSError as exc:
-        if wait < QUIET_WAIT:
-            return                    # over before anyone would wonder: no warning
-        log.warning("ackqueue: no queue server answers at %s:%s yet (%s); waiting up to "
-                    "%g s for it (wait_timeout) before raising ServerUnavailable",
-                    addr[0], addr[1], exc.strerror or type(exc).__name__, wait)
-
-
-def _open_zeo(url):
-    addr, options = parse_zeo_url(url)
-    wait = options.get("wait_timeout", 30.0)
-    _probe_server(url, addr, wait)
-    for attempt in range(10):
-        try:
-            ssl_context = _client_ssl(options)
-            storage = _NotifyingClientStorage(
-                addr, wait_timeout=wait, ssl=ssl_context,
-                ssl_server_hostname=addr[0] if ssl_context is not None else None)
-        except ClientDisconnected:
-            raise ServerUnavailable(
-                f"cannot reach the queue server at {url} within {wait:g} s: is it running "
-                f"(ackqueue server PATH --listen {addr[0]}:{addr[1]})?") from None
-        try:
-            return ZODB.DB(storage, pool_size=64, cache_size=20000), options
-        except ConflictError:
-            # Processes that open a brand-new storage at once race to create its root.
-            storage.close()
-            if attempt == 9:
-                raise
 
 
 DURABILITIES = ("fsync", "os")
@@ -476,7 +117,7 @@ class MemoryScratchFileStorage(FileStorage):
     leaves nothing of it in the file, where FileStorage left a transaction marked in
     progress that the next open cut off; one between the write and the sync leaves what
     a crash there always left, the transaction written and perhaps not synced (the open
-    cuts a torn tail, ackqueue.tail).
+    cuts a torn tail, ackqueue.torn_tail).
     Unbuffered, nothing can hold bytes of the file that a later commit writes; the reads
     FileStorage makes through this file (a header now and then, undo, loadSerial) each
     make a system call or two, as they did after every commit's seek.  The file is
@@ -784,7 +425,7 @@ class SyncedFileStorage(WatchedFileStorage):
     - close() cuts them off: a closed queue file is an ordinary FileStorage file, and its
       .index says where it ends;
     - after a crash they follow the last whole transaction, and the next open cuts them
-      (ackqueue.tail; zeros alone are not kept as a torn tail);
+      (ackqueue.torn_tail; zeros alone are not kept as a torn tail);
     - pack() cuts them first, and commits append until the pack ends (ZODB's packer
       reads the file to its end);
     - FileStorage's readers are lent with their buffers emptied (_FreshReadPool).
@@ -941,19 +582,13 @@ def check_durability(durability):
     return durability
 
 
-def _open_file(path, durability="fsync", repair=False):
-    storage = open_file_storage(path, durability, repair)
-    try:
-        return ZODB.DB(storage, pool_size=64, cache_size=20000)
-    except BaseException:
-        storage.close()
-        raise
+
 
 
 def open_file_storage(path, durability="fsync", repair=False):
     """A FileStorage for path, with clear errors (also used by ackqueue server).
     durability "fsync" fsyncs every commit; "os" leaves writing back to the OS.  A torn
-    tail is cut first, and damage in the middle refused unless repair (ackqueue.tail)."""
+    tail is cut first, and damage in the middle refused unless repair (ackqueue.torn_tail)."""
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
         raise FileNotFoundError(
@@ -1009,7 +644,7 @@ class _StaleIndexExplained(logging.Filter):
     def filter(self, record):
         if record.msg != self.IGNORED or record.args != (self.path,):
             return True
-        # INFO, as the cut of the zeros such a process leaves (ackqueue.tail): what a
+        # INFO, as the cut of the zeros such a process leaves (ackqueue.torn_tail): what a
         # crash leaves behind, handled, with nothing for anyone to do.
         log.info("ackqueue: queue file %r was not closed cleanly (or was replaced): its "
                  ".index is out of date, so it is rebuilt from the file; nothing is lost",
@@ -1068,7 +703,7 @@ def _locked_error(path):
 
 
 def _check_tail(path, repair=False):
-    """ackqueue.tail.check_tail under the file's lock (FileStorage's own .lock), so that
+    """ackqueue.torn_tail.check_tail under the file's lock (FileStorage's own .lock), so that
     a file another process is writing is never cut."""
     had_lock = os.path.exists(path + ".lock")
     try:
@@ -1146,147 +781,3 @@ def _remove_stale_lock(path, had_tmp=True):
         except OSError:
             pass
 
-
-def open_database(path=None, db=None, durability=None, repair=False):
-    """The shared Database handle for path (a file), db (an application's ZODB.DB), or a new
-    in-memory database when both are None.  The caller must call release() once.
-    durability ("fsync", the default, or "os") applies to files this opens."""
-    if path is not None and db is not None:
-        raise TypeError("pass either path= or db=, not both")
-    if durability is not None:
-        check_durability(durability)
-        if durability != "fsync" and (path is None or os.fspath(path).startswith("zeo://")):
-            raise ValueError("durability= applies to a queue file (path=); a server's "
-                             "durability is set where it runs (ackqueue server "
-                             "--durability), an application database's by its storage")
-    if repair and (path is None or os.fspath(path).startswith("zeo://")):
-        raise ValueError("repair=True applies to a queue file (path=)")
-    if db is not None:
-        return _app_database(db)
-    if path is None:
-        return _memory_database()
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path= must be a str or os.PathLike, not {type(path).__name__}")
-    path = os.fspath(path)
-    if path.startswith("zeo://"):
-        return _server_database(path)
-    return _file_database(os.path.realpath(path), durability, repair)
-
-
-def _app_database(db):
-    if not isinstance(db, ZODB.DB):
-        raise TypeError(f"db= must be a ZODB.DB, not {type(db).__name__}")
-    key = ("db", id(db))
-    # q.db of a queue file this process opened: the same handle (one committer, closed
-    # with its last queue, in any order), not a second one over the same DB.
-    with _registry_lock:
-        for handle in _registry.values():
-            if handle.db is db:
-                with handle.lock:
-                    if not handle.closed:
-                        handle.refs += 1
-                        return handle
-    # A FileStorage is locked to one process and a MappingStorage lives in it, so what is
-    # in flight there at open belongs to no live holder.  Anything else (a ZEO client
-    # storage) may be shared with live processes.
-    exclusive = isinstance(db.storage, (FileStorage, MappingStorage))
-
-    def make():
-        check_format(db)
-        return Database(db, key=key, owned=False, exclusive=exclusive,
-                        description=f"db {db.database_name!r}")
-    return _shared_handle(key, make)
-
-
-def _memory_database():
-    # Registered under its DB, so that AckQueue(db=q.db, name=...) opens another queue of
-    # the same in-memory storage (its dead-letter queue, say) through this handle.
-    memory_db = ZODB.DB(MappingStorage())
-    key = ("db", id(memory_db))
-    return _shared_handle(key, lambda: Database(memory_db, key=key, owned=True,
-                                                exclusive=True, description="memory"))
-
-
-def _server_database(url):
-    addr, _ = parse_zeo_url(url)
-    key = ("zeo", addr)
-
-    def make():
-        db, options = _open_zeo(url)
-        try:
-            check_format(db, f"the storage of server {url}")
-            handle = Database(db, key=key, owned=True, exclusive=False,
-                              description=f"server {url}",
-                              lease_timeout=options.get("lease_timeout",
-                                                        DEFAULT_LEASE_TIMEOUT))
-        except BaseException:
-            db.close()
-            raise
-        db.storage.ackqueue_database = handle
-        return handle
-    return _shared_handle(key, make)
-
-
-def _file_database(path, durability, repair=False):
-    key = ("file", path)
-
-    def make():
-        db = _open_file(path, durability or "fsync", repair)
-        try:
-            check_format(db, f"queue file {path!r}")
-        except BaseException:
-            db.close()
-            raise
-        handle = Database(db, key=key, owned=True, exclusive=True,
-                          description=f"file {path!r}")
-        handle.durability = durability or "fsync"
-        return handle
-    handle = _shared_handle(key, make)
-    if durability is not None and handle.durability != durability:
-        handle._release()
-        raise ValueError(f"queue file {path!r} is already open in this process with "
-                         f"durability={handle.durability!r}")
-    return handle
-
-
-def check_format(db, where=None):
-    """Refuse a storage written in a newer store format (UnsupportedFormat; nothing is
-    written), and migrate one of an older format, before anything else uses it: see
-    ackqueue.store.open_catalog.  Reads the catalog, and writes only to migrate."""
-    tm = transaction.TransactionManager()
-    conn = db.open(transaction_manager=tm)
-    try:
-        for attempt in itertools.count():
-            try:
-                with tm:
-                    store.open_catalog(conn.root(), where)
-                return
-            except ConflictError:       # another process migrated it meanwhile
-                if attempt >= 10:
-                    raise
-    finally:
-        conn.close()
-
-
-def _shared_handle(key, make):
-    with _registry_lock:
-        handle = _registry.get(key)
-        if handle is None or handle.closed:
-            handle = _registry[key] = make()
-        with handle.lock:
-            handle.refs += 1
-    return handle
-
-
-@atexit.register
-def _close_all():
-    """Close open files at exit, so their .index is written and the next open is fast."""
-    with _registry_lock:
-        handles = list(_registry.values())
-    for handle in handles:
-        with handle.lock:
-            handle.refs = 1
-        try:
-            handle._release()
-        except Exception:  # pragma: no cover - best effort at exit
-            pass

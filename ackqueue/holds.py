@@ -41,7 +41,7 @@ Store layout (ackqueue.store): the queue record's ``holds`` (an OOBTree, made by
 first hold) maps a hold's name to ``(deadline, reads, ids)``: the deadline (clock
 seconds), how many reads counted, and the ids as packed 64-bit integers in the order
 received.  A held message stays in the store's ready set, as every delivery of a process
-that holds its storage alone does (ackqueue.local: memory decides, the store learns of a
+that holds its storage alone does (ackqueue.arbiters.local: memory decides, the store learns of a
 delivery at its ack or give-back): so taking a hold writes one small record, whatever
 its size, and an ack writes what any ack writes.  At open, the ready set is loaded into
 memory and the messages of live holds are taken out of it again, held.  A file written
@@ -143,7 +143,7 @@ def _table(rec, create=False):
 class TakeHold(_Op):
     """Messages received in memory become held under hold: the hold is recorded with one
     read.  The messages stay in the store's ready set, as every delivery of a process
-    that holds its storage alone does (ackqueue.local); one the store still has delayed
+    that holds its storage alone does (ackqueue.arbiters.local); one the store still has delayed
     (made ready in memory only) is made ready there, so that the hold names ready ones."""
 
     def __init__(self, name, hold, entries, deadline):
@@ -253,7 +253,7 @@ def _also(ops):
     return [store.OwnWrite(op) for op in ops or ()]
 
 
-# -- opening: recovery and adoption (ackqueue.local.LocalArbiter.load) --------------------
+# -- opening: recovery and adoption (ackqueue.arbiters.local.LocalArbiter.load) --------------------
 
 def recover(rec, now):
     """At open, in the queue's opening transaction: drop the holds whose deadline passed,

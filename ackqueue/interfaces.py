@@ -129,9 +129,9 @@ class IArbiter(Interface):
     """What differs between a lone process and processes sharing a store: who decides a
     claim, where sequence numbers, the ready set and wake-ups come from.
 
-    ackqueue.local.LocalArbiter: this process holds the storage alone; the ready set lives
+    ackqueue.arbiters.local.LocalArbiter: this process holds the storage alone; the ready set lives
     in its memory and its mutex decides every claim; nothing else can change the queue.
-    ackqueue.shared.SharedArbiter: processes share the storage through a server; the
+    ackqueue.arbiters.shared.SharedArbiter: processes share the storage through a server; the
     store's ready set is the truth, a claim is a committed Claim that another process's
     claim of the same message makes fail, and the server's invalidations wake waiters."""
 

@@ -25,7 +25,7 @@ from time import monotonic
 import transaction
 
 from . import store
-from .fresh import read_fresh
+from .pack_rereads import read_fresh
 
 __all__ = ["LeaseKeeper", "DEFAULT_LEASE_TIMEOUT"]
 

@@ -9,7 +9,7 @@ segments stay in the file too, unreferenced.  Nothing of that is ever read again
 Contract:
 
 - ``pack(database, keep_seconds=0.0)`` packs the storage under a queue (an
-  ackqueue.storage.Database): it drops every revision that was no longer current
+  ackqueue.database.Database): it drops every revision that was no longer current
   keep_seconds ago and every object nothing reaches any more.  What is queued, in flight or
   delayed is untouched, in order.  It runs while other threads (and, through a server,
   other processes) keep putting, getting and acknowledging: FileStorage copies the live
@@ -24,14 +24,14 @@ Contract:
 - Free disk: the packed copy is written beside the file before it replaces it, so a pack
   needs free space about the size of the live data (what the file holds after the pack;
   never more than the file's current size).  Queue files are opened without keeping the
-  pre-pack ``.old`` copy (ackqueue.storage.open_file_storage), so nothing more is needed
+  pre-pack ``.old`` copy (ackqueue.filestorage.open_file_storage), so nothing more is needed
   and the space is given back as soon as the pack ends.
 - keep_seconds=0 also drops revisions that a reader whose snapshot began just before the
   pack may still load: ZODB then raises ReadConflictError ("object deleted, likely by
   simultaneous pack"), and a server's conflict resolution, which reads the revision a
   writer started from, gives up (the writer gets a ConflictError).  ackqueue's reads
   (gets, sizes, peek, the reaper, the lease heartbeat, the sweep) read again from a
-  fresh snapshot (ackqueue.fresh), the committer retries conflicts, and ``ackqueue
+  fresh snapshot (ackqueue.pack_rereads), the committer retries conflicts, and ``ackqueue
   server`` logs such a conflict resolution in one INFO line instead of ZODB's traceback:
   nothing fails and nothing is logged as an error.  browse() keeps one snapshot for its
   whole iteration and can still meet it.  Snapshots in ackqueue live for milliseconds,

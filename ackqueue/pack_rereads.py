@@ -11,7 +11,7 @@ Contract: ``read_fresh(read, abort)`` calls ``read()``, which must only read (no
 submitted or changed before it can raise) and take its snapshot itself (a new
 transaction).  On ReadConflictError it calls ``abort()`` (end the stale snapshot) and
 reads again, up to READ_TRIES times; then the error is raised.  ``fresh_reads`` is the
-same as a method decorator for ackqueue.shared's reading methods (their snapshot is the
+same as a method decorator for ackqueue.arbiters.shared's reading methods (their snapshot is the
 arbiter's reading connection).  Other conflicts and errors are raised at once.
 """
 import functools

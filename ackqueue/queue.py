@@ -4,7 +4,7 @@ The queue object is a front: each thread that uses it gets its own QueueConnecti
 (ackqueue.connection), created on first use, which does the work against the queue's live
 state (ackqueue.state), which decides in memory and sends what must survive to the
 committer (ackqueue.commit), which writes the ZODB layout (ackqueue.store) to the storage
-(ackqueue.storage).  Data flows one way through those layers.
+(ackqueue.database).  Data flows one way through those layers.
 
 What differs from queue.Queue, by design:
 - get() hands the item out *in flight*; it leaves the queue only when acknowledged (ack(),
@@ -28,13 +28,14 @@ import weakref
 
 import transaction
 
-from . import deferred, remote, store
-from .connection import QueueConnection, check_visibility
+from . import deferred, store
+from .connection import check_visibility
 from .codec import allowed_set, check_codec
+from .database import open_database
 from .errors import CodecMismatch, NotHeld, QueueKindMismatch
 from .message import Message
+from .remote.database import RemoteDatabase, check_ack_with_next_get, is_url
 from .state import DeadLetterPolicy, PutOptions
-from .storage import open_database
 
 __all__ = ["AckQueue", "AckLifoQueue", "AckPriorityQueue", "queues"]
 
@@ -62,7 +63,7 @@ def _prefetch(value, path, kind):
     if value < 1:
         raise ValueError(f"prefetch must be at least 1, not {value}")
     if value > 1:
-        if remote.is_url(path):
+        if is_url(path):
             raise ValueError(
                 "prefetch applies to a queue shared through a server (zeo://); through "
                 "the queue service (http://) use get_many(n) to receive several messages "
@@ -217,7 +218,7 @@ class AckQueue(_stdlib_queue.Queue):
       the commit, and not recorded in the storage: items already stored (put without a
       limit, or by another process) are still delivered, given back and redriven;
     - repair (files only): a file damaged in its middle (StorageError naming the offset)
-      is cut at the damage, the cut bytes kept beside it (see ackqueue.storage.repair);
+      is cut at the damage, the cut bytes kept beside it (see ackqueue.filestorage.repair);
     - allowed_classes: None (the default: any pickled item is unpickled, as queue.Queue
       code expects), or the classes (or "module.Name" strings) a pickled item may name;
       a received item naming any other is refused (ForbiddenClass, the message set aside
@@ -239,7 +240,7 @@ class AckQueue(_stdlib_queue.Queue):
       the default: none).  A message taken ahead is in flight under this process's lease,
       its visibility deadline running, until a get here receives it; one no get receives
       within a second (or a tenth of its visibility timeout), or still there at close(),
-      goes back to its place with its receive count as it was (see ackqueue.shared).  It
+      goes back to its place with its receive count as it was (see ackqueue.arbiters.shared).  It
       saves a server round trip per get; a message put later is never received ahead of
       one already taken ahead.  FIFO queues only;
     - prefetch_wait (with prefetch): seconds a get that finds fewer messages ready than its
@@ -257,7 +258,6 @@ class AckQueue(_stdlib_queue.Queue):
     """
 
     _kind = store.FIFO
-    _proxy = QueueConnection      # the per-thread proxy (remote.RemoteConnection over http)
 
     def __init__(self, maxsize=0, *, path=None, db=None, name="default",
                  visibility_timeout=None, clock=None, thread_exit="auto", durability=None,
@@ -295,8 +295,8 @@ class AckQueue(_stdlib_queue.Queue):
         self._default_put = None
         self._connections = weakref.WeakSet()
         self._clock = clock = clock or time.time
-        through_service = remote.is_url(path)
-        self.ack_with_next_get = remote.check_ack_with_next_get(ack_with_next_get)
+        through_service = is_url(path)
+        self.ack_with_next_get = check_ack_with_next_get(ack_with_next_get)
         self.acks = deferred.check_acks(acks, through_service, self.ack_with_next_get)
         # The longest a deferred ack waits for a commit to ride on (None: the committer's
         # few ms); through a server, ack_with_next_get waits for the next get's claim.
@@ -305,8 +305,11 @@ class AckQueue(_stdlib_queue.Queue):
             self.acks, self.ack_window = "deferred", deferred.NEXT_GET_WINDOW
         self.prefetch = _prefetch(prefetch, path, kind)
         self.prefetch_wait = _prefetch_wait(prefetch_wait, self.prefetch)
-        self._database = (remote.RemoteDatabase(self, path, db, durability, repair)
+        self._database = (RemoteDatabase(self, path, db, durability, repair)
                           if through_service else open_database(path, db, durability, repair))
+        # The per-thread proxy the database names: QueueConnection over ZODB,
+        # RemoteConnection through the queue service.
+        self._proxy_class = self._database.proxy_class
         try:
             self._state = self._open_state(name, kind, clock, codec)
             if self.prefetch > 1 and self._database.exclusive:
@@ -386,7 +389,7 @@ class AckQueue(_stdlib_queue.Queue):
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed:
             self._check_open()
-            conn = self._local.conn = self._proxy(self, self._state)
+            conn = self._local.conn = self._proxy_class(self, self._state)
             self._connections.add(conn)
         return conn
 
@@ -399,7 +402,7 @@ class AckQueue(_stdlib_queue.Queue):
         if thread_bound not in (False, True):
             raise TypeError("thread_bound must be True or False")
         self._state.acknowledging = True
-        conn = self._proxy(self, self._state, thread_bound)
+        conn = self._proxy_class(self, self._state, thread_bound)
         self._connections.add(conn)
         return conn
 
@@ -866,7 +869,7 @@ def queues(path_or_db=None):
     http(s):// URL or a ZODB.DB) with its counts: {name: {"ready": r, "in_flight": f,
     "delayed": d}}: as the live queue in this process knows them when it is open here,
     else as the store (or the service) records them."""
-    if isinstance(path_or_db, str) and remote.is_url(path_or_db):
+    if isinstance(path_or_db, str) and is_url(path_or_db):
         probe = AckQueue(path=path_or_db)     # a handle on the service: nothing is put
         try:
             return probe._database.list_queues()

@@ -2,7 +2,7 @@
 
 This module holds the rules of ackqueue.interfaces.IQueueState; what differs between a
 process that holds its storage alone and processes that share it through a server sits
-behind one seam, the arbiter (ackqueue.local.LocalArbiter, ackqueue.shared.SharedArbiter).
+behind one seam, the arbiter (ackqueue.arbiters.local.LocalArbiter, ackqueue.arbiters.shared.SharedArbiter).
 
 - put:   the Put is committed first; the message becomes visible only once it is durable,
          so a consumer never sees a message that a crash could still take away.
@@ -37,7 +37,7 @@ from zope.interface import implementer
 from . import codec, expiry, store
 from .commit import CommitterClosed, notify_waiting
 from .errors import CodecMismatch, QueueKindMismatch, ShutDown, StaleAck
-from .fresh import read_fresh
+from .pack_rereads import read_fresh
 from .interfaces import IQueueState
 from .segments import Msg
 
@@ -143,7 +143,7 @@ class Ask:
     read a message this process does not have in memory, whether the store records the
     delivery (not inside an application transaction), shuffle, the dead-letter policy,
     and how many messages a shared queue may claim ahead for this process's next gets
-    (prefetch; see ackqueue.shared), and how long it may wait for them to be put
+    (prefetch; see ackqueue.arbiters.shared), and how long it may wait for them to be put
     (prefetch_wait), at the latest until the get's own end (until: monotonic time, None
     for none; claim() sets it)."""
 
@@ -252,7 +252,7 @@ class QueueState:
         self.getters_waiting = 0
         # Signals that a message may have become ready (signal_ready's counts, under the
         # mutex): a waiter that needs several messages reads the store again only once
-        # enough have come to make a difference (ackqueue.shared, prefetch_wait).
+        # enough have come to make a difference (ackqueue.arbiters.shared, prefetch_wait).
         self.ready_signals = 0
         self._listeners = ()         # callbacks told when a message may have become ready
         self._next_sweep = monotonic() + SWEEP_INTERVAL

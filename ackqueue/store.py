@@ -64,7 +64,7 @@ apply, so a refused unit writes nothing.  Two flavours:
 - In a storage this process holds alone, the process's memory decides (ackqueue.state) and
   operations are tolerant: an ack of a message whose claim has not been applied yet, or a
   claim of a message already acknowledged, does the right thing.
-- Through a server (ackqueue.shared), the store decides: a Claim names its lease and is
+- Through a server (ackqueue.arbiters.shared), the store decides: a Claim names its lease and is
   refused (ClaimLost) unless the message is still ready; Ack and Release name the receive
   count of their delivery and are refused (StaleAck) unless it is still the live one; Put
   takes its sequence number from the store at commit.
@@ -75,7 +75,7 @@ connection inside its transaction (ackqueue.connection).
 The format contract:
 - FORMAT is the version of this layout that this code writes; the catalog records the
   version of its storage (Catalog.format; every catalog ackqueue ever wrote has it).
-- A storage is opened through open_catalog(), at open (ackqueue.storage) and by
+- A storage is opened through open_catalog(), at open (ackqueue.database) and by
   ensure_queue/ensure_leases: a catalog of a newer format is refused (UnsupportedFormat)
   and nothing is written; one of an older format is migrated in the transaction that opens
   it, by MIGRATIONS[v] for each version v up to FORMAT, and records FORMAT.
@@ -1218,7 +1218,7 @@ class Release(_Op):
 
 
 class Unclaim(_Op):
-    """A claim made ahead that no thread ever received (ackqueue.shared's prefetch): the
+    """A claim made ahead that no thread ever received (ackqueue.arbiters.shared's prefetch): the
     message returns to its place as if the claim had never been, its receive count,
     receive times and redelivery count as they were before it.
 

@@ -193,6 +193,6 @@ def check_tail(path, repair=False):
                 "messages they hold, so it was left as it is.  To keep what precedes the "
                 "damage and cut the rest off (kept beside the file as "
                 f"{os.path.basename(path)}.torn-<time>), run "
-                f"python -c \"import ackqueue.storage; ackqueue.storage.repair({path!r})\" "
+                f"python -c \"import ackqueue.filestorage; ackqueue.filestorage.repair({path!r})\" "
                 "or open it once with AckQueue(path=..., repair=True)", pos, after)
         return _cut(path, f, pos, size, why)

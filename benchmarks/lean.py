@@ -98,7 +98,7 @@ class LeanZodbQueue:
 
     def __init__(self, path, counted=False, guarded=False, synced=False):
         if synced:      # on ackqueue's storage for durability="fsync" (issue 28 point 2)
-            from ackqueue.storage import SyncedFileStorage
+            from ackqueue.filestorage import SyncedFileStorage
             storage = SyncedFileStorage(path)
         else:
             storage = FileStorage(path)

@@ -136,14 +136,14 @@ def file_storage_watched(directory):
     issue 28.2, with ackqueue's commit path as it is now (the file-gone check, the
     in-memory scratch written with one pwrite, the known tids): the row to compare the
     synced one with, on equal commit paths."""
-    from ackqueue.storage import WatchedFileStorage
+    from ackqueue.filestorage import WatchedFileStorage
     return Zodb(WatchedFileStorage(os.path.join(directory, "q.fs"), create=True))
 
 
 def file_storage_synced(directory):
     """FileStorage as ackqueue's durability="fsync" opens it since issue 28.2: each commit
     written into zeros written ahead of it, then fdatasync (storage.SyncedFileStorage)."""
-    from ackqueue.storage import open_file_storage
+    from ackqueue.filestorage import open_file_storage
     return Zodb(open_file_storage(os.path.join(directory, "q.fs"), "fsync"))
 
 
@@ -165,7 +165,7 @@ def file_storage_fdatasync(directory):
 
 def file_storage_os(directory):
     """FileStorage with its fsync off, as ackqueue's durability="os" opens it."""
-    from ackqueue.storage import open_file_storage
+    from ackqueue.filestorage import open_file_storage
     return Zodb(open_file_storage(os.path.join(directory, "q.fs"), "os"))
 
 

@@ -6,7 +6,7 @@ import os
 from ZODB.FileStorage import FileStorage
 from ZODB.utils import get_pickle_metadata
 
-from ackqueue.tail import check_tail
+from ackqueue.torn_tail import check_tail
 
 
 def data_size(path):

@@ -732,7 +732,7 @@ def test_failed_open_does_not_leave_the_file_locked(tmp_path, damage):
 
 
 # FileStorage alone treats this as a torn tail: it truncates the file there and the queue
-# opens without error, silently missing every later message; ackqueue.tail refuses it.
+# opens without error, silently missing every later message; ackqueue.torn_tail refuses it.
 def test_damaged_transaction_header_in_the_middle_is_not_silently_truncated(tmp_path):
     path = tmp_path / "q.fs"
     items = [f"item-{i}" for i in range(20)]

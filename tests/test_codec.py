@@ -134,8 +134,8 @@ def test_through_a_server_the_stored_codec_binds_every_process(tmp_path):
         with AckQueue(path=srv.url, name="j") as q:
             assert q.get(timeout=30) == {"a": 1}
             q.task_done()
-        from ackqueue import storage
-        storage._close_all()                       # a fresh client reads the record again
+        from ackqueue import database
+        database._close_all()                       # a fresh client reads the record again
         with pytest.raises(CodecMismatch):
             AckQueue(path=srv.url, name="j", codec="str")
     finally:

@@ -130,8 +130,8 @@ def test_through_zeo_a_json_consumer_never_unpickles(server, tmp_path):
     marker = tmp_path / "ran"
     with AckQueue(path=server.url, name="z") as q:
         [mid] = q.put_many([payload(marker)], encoded=True)
-    from ackqueue import storage
-    storage._close_all()                              # a fresh client, as another process
+    from ackqueue import database
+    database._close_all()                              # a fresh client, as another process
     with AckQueue(path=server.url, name="z", codec="json") as q:
         with pytest.raises(PickleRefused) as info:
             q.get(timeout=30)

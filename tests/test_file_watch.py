@@ -12,7 +12,7 @@ import ZODB
 from persistent.mapping import PersistentMapping
 
 from ackqueue import QueueFileGone
-from ackqueue.storage import COARSE_SETTLE_NS, SETTLE_NS, open_file_storage
+from ackqueue.filestorage import COARSE_SETTLE_NS, SETTLE_NS, open_file_storage
 
 
 class Opened:

@@ -198,7 +198,7 @@ def test_an_empty_file_is_adopted_with_a_warning(tmp_path, caplog):
     import logging
     path = tmp_path / "empty.fs"
     path.write_bytes(b"")
-    with caplog.at_level(logging.WARNING, logger="ackqueue.storage"):
+    with caplog.at_level(logging.WARNING, logger="ackqueue.filestorage"):
         with AckQueue(path=path) as q:
             q.put("x")
     assert any(str(path) in r.getMessage() and "empty file" in r.getMessage()
@@ -216,7 +216,7 @@ def test_unreachable_server_warns_once_and_unresolvable_fails_at_once(caplog):
     with socket.socket() as s:               # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with caplog.at_level(logging.WARNING, logger="ackqueue.storage"):
+    with caplog.at_level(logging.WARNING, logger="ackqueue.zeo.client"):
         with pytest.raises(ServerUnavailable):
             AckQueue(path=f"zeo://127.0.0.1:{port}?wait_timeout=1.5")
         waiting = [r for r in caplog.records if "waiting up to" in r.getMessage()]

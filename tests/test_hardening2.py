@@ -159,7 +159,7 @@ def test_a_format2_file_is_migrated_and_its_large_bodies_read(tmp_path):
     import transaction
     import ZODB
     from ackqueue import AckQueue, store
-    from ackqueue.storage import open_file_storage
+    from ackqueue.filestorage import open_file_storage
     path = str(tmp_path / "q.fs")
     item = os.urandom(100_000)
     with AckQueue(path=path) as q:

@@ -14,7 +14,7 @@ from ZODB.POSException import ConflictError
 from ZODB.serialize import referencesf
 
 from ackqueue import AckQueue
-from ackqueue.storage import KNOWN_TIDS, SyncedFileStorage
+from ackqueue.filestorage import KNOWN_TIDS, SyncedFileStorage
 
 
 class CountingStorage(SyncedFileStorage):

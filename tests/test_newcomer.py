@@ -195,7 +195,7 @@ def test_a_stale_index_after_a_sigkill_is_explained_in_one_line(own_service, tmp
     log = (tmp_path / "service.log").read_text()
     assert "Ignoring index" not in log and "ZODB" not in log, log
     [line] = [x for x in log.splitlines() if ".index" in x]
-    assert "INFO ackqueue.storage: ackqueue: queue file" in line, line
+    assert "INFO ackqueue.filestorage: ackqueue: queue file" in line, line
     assert "was not closed cleanly" in line and "nothing is lost" in line, line
 
     # The command line, after a SIGKILLed holder: nothing on stderr.
@@ -215,7 +215,7 @@ def test_a_stale_index_after_a_sigkill_is_explained_in_one_line(own_service, tmp
     records = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
     assert not [r for r in records if r[0].startswith("ZODB")], records
     assert [r[:2] for r in records if "was not closed cleanly" in r[2]] == [
-        ("ackqueue.storage", "INFO")]
+        ("ackqueue.filestorage", "INFO")]
     caplog.clear()
     with AckQueue(path=str(other), name="jobs") as q:
         assert q.qsize() == 3

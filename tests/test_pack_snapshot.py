@@ -86,7 +86,7 @@ def race(tmp_path):
 
 def test_a_get_reads_again_when_a_pack_removed_its_snapshot(race, caplog):
     q, arm = race
-    caplog.set_level(logging.DEBUG, logger="ackqueue.fresh")
+    caplog.set_level(logging.DEBUG, logger="ackqueue.pack_rereads")
     fired, _ = arm()
     assert q.get(block=False) == "m2"     # m1 is the other client's now
     assert fired

@@ -9,7 +9,7 @@ from persistent.mapping import PersistentMapping
 from ZODB.FileStorage import FileStorage
 from ZODB.scripts import fstest
 
-from ackqueue.storage import SCRATCH_KEPT, open_file_storage
+from ackqueue.filestorage import SCRATCH_KEPT, open_file_storage
 
 
 class _FailsAtVote:

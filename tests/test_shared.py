@@ -503,7 +503,7 @@ def test_operations_running_through_a_server_restart_complete_or_fail_clearly(se
 # -- wake-ups load what changed at once -------------------------------------------------------
 
 def test_prefetch_caches_the_state_a_syncing_connection_reads(server, tmp_path):
-    """storage.prefetch asks for what another client's commit made of the objects, as of
+    """prefetch asks for what another client's commit made of the objects, as of
     that commit, so that the loads of the getters it wakes find it (or join it in flight)."""
     import transaction
     import ZODB
@@ -511,7 +511,7 @@ def test_prefetch_caches_the_state_a_syncing_connection_reads(server, tmp_path):
     from ZEO.ClientStorage import ClientStorage
     from ZODB.utils import p64, u64
 
-    from ackqueue.storage import prefetch
+    from ackqueue.zeo.client import prefetch
 
     address = ("127.0.0.1", server.port)
     ours, theirs = ClientStorage(address, wait_timeout=WAIT), ClientStorage(address,
@@ -550,12 +550,12 @@ def test_prefetch_caches_the_state_a_syncing_connection_reads(server, tmp_path):
         their_db.close()
 
 
-def _spy_on_prefetch(monkeypatch, storage):
-    """The oid sets storage.prefetch is called with, in order (the real prefetch still
-    runs)."""
+def _spy_on_prefetch(monkeypatch, runtime):
+    """The oid sets ackqueue.database's prefetch is called with, in order (the real
+    prefetch still runs)."""
     calls = []
-    real_prefetch = storage.prefetch
-    monkeypatch.setattr(storage, "prefetch",
+    real_prefetch = runtime.prefetch
+    monkeypatch.setattr(runtime, "prefetch",
                         lambda st, oids, tid: (calls.append(set(oids)),
                                                real_prefetch(st, oids, tid)))
     return calls
@@ -565,9 +565,9 @@ def test_a_wake_up_prefetches_only_for_getters_waiting_here(server, monkeypatch)
     """A change another process committed is prefetched when a getter here is blocked in
     get() (it reads that change at once), and not when none is: then a prefetch would only
     load every other process's commit into this client, needed or not."""
-    from ackqueue import storage
+    from ackqueue import database as runtime
 
-    calls = _spy_on_prefetch(monkeypatch, storage)
+    calls = _spy_on_prefetch(monkeypatch, runtime)
     put_in_child = """
         import sys
         from ackqueue import AckQueue
@@ -630,7 +630,7 @@ def test_an_idle_producer_prefetches_what_it_wrote_and_a_consumer_nothing(server
     them one round trip at a time; never the rest of a change, which would load every
     other process's commit into this client, needed or not.  A process that never put, or
     not for WARM_AFTER_PUT seconds, keeps nothing warm (test above: a consumer)."""
-    from ackqueue import storage
+    from ackqueue import database as runtime
 
     child = spawn("""
         import sys
@@ -643,7 +643,7 @@ def test_an_idle_producer_prefetches_what_it_wrote_and_a_consumer_nothing(server
             print("consumed", flush=True)
             sys.stdin.readline()
     """, server.url)
-    calls = _spy_on_prefetch(monkeypatch, storage)
+    calls = _spy_on_prefetch(monkeypatch, runtime)
     try:
         assert read_line(child) == "put"
         with AckQueue(path=server.url, name="warm") as q:
@@ -675,7 +675,7 @@ def test_an_idle_producer_prefetches_what_it_wrote_and_a_consumer_nothing(server
                 assert record not in oids, "prefetched an object this process never wrote"
                 assert set(database.db.storage.written_lately(oids)) == oids
 
-            database.last_put_at -= storage.WARM_AFTER_PUT     # as if that long ago
+            database.last_put_at -= runtime.WARM_AFTER_PUT     # as if that long ago
             assert database.keep_warm(probe) == []
     finally:
         kill(child)

@@ -94,7 +94,7 @@ def teardown_module():
     for svc in _services:
         assert svc.stop() == 0
     for srv in _servers:
-        ackqueue.storage._close_all()       # clients first, so the server stops cleanly
+        ackqueue.database._close_all()       # clients first, so the server stops cleanly
         assert srv.stop() == 0
     for directory in _server_dir:
         shutil.rmtree(directory, ignore_errors=True)

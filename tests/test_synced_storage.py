@@ -15,7 +15,7 @@ from persistent.mapping import PersistentMapping
 
 from ackqueue import AckQueue
 from ackqueue.operator.check import check_file
-from ackqueue.storage import AHEAD, open_file_storage
+from ackqueue.filestorage import AHEAD, open_file_storage
 from fs_records import data_size
 from helpers_reliability import run_child
 
@@ -221,7 +221,7 @@ KILLED_BETWEEN_VOTE_AND_FINISH = """
     import os, signal, sys
     import transaction, ZODB
     from persistent.mapping import PersistentMapping
-    from ackqueue.storage import open_file_storage
+    from ackqueue.filestorage import open_file_storage
 
     class KillsAtVote:                      # votes after the storage, then the process dies
         transaction_manager = transaction.manager
@@ -261,7 +261,7 @@ def test_which_file_systems_write_in_place(tmp_path):
     """Told by the type mountinfo gives the file's device (after the optional fields and
     their "-"): nothing is deferred on a copy-on-write file system, on a device mountinfo
     does not list, or where there is no mountinfo to read."""
-    from ackqueue.storage import _writes_in_place
+    from ackqueue.filestorage import _writes_in_place
     with open(tmp_path / "f", "wb") as f:
         dev = os.fstat(f.fileno()).st_dev
         device = f"{os.major(dev)}:{os.minor(dev)}"

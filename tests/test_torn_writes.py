@@ -24,7 +24,7 @@ import struct
 import pytest
 from ZODB.scripts import fstest
 
-import ackqueue.storage
+import ackqueue.filestorage
 from ackqueue import AckQueue, NotAQueueFile, StorageError
 from helpers_reliability import LONG, drain_messages, run_child
 
@@ -297,7 +297,7 @@ ASCII_STATUS = b" upcx"
 # last one (zeros, as a power cut can leave) failed the first open with ReadConflictError
 # (ZODB's read_index truncates it but keeps its tid as the last one), and garbage whose
 # byte 16 (a header's status) is not ASCII failed every open (UnicodeDecodeError):
-# ackqueue.tail cuts such tails before ZODB reads the file.
+# ackqueue.torn_tail cuts such tails before ZODB reads the file.
 GARBAGE = [pytest.param(lambda rng, n=n: garbage_bytes(rng, n), id=f"random{n}")
            for n in (1, 7, 22)]
 GARBAGE += [pytest.param(lambda rng, n=n: b"\0" * n, id=f"zeros{n}") for n in (1, 8, 22)]
@@ -335,7 +335,7 @@ def test_cut_tail_is_kept_beside_the_file_with_a_warning(tmp_path, built, caplog
     path = str(tmp_path / "tail.fs")
     torn = garbage_bytes(random.Random(SEED), 100, FUTURE_TID, ord("c")) + b"\0" * 50
     open_copy(path, data + torn)
-    with caplog.at_level(logging.WARNING, logger="ackqueue.tail"):
+    with caplog.at_level(logging.WARNING, logger="ackqueue.torn_tail"):
         assert read_queue(path, receives) == states[-1][1]
     kept = [n for n in os.listdir(tmp_path) if n.startswith("tail.fs.torn-")]
     assert len(kept) == 1
@@ -348,8 +348,8 @@ def test_zeros_alone_after_the_end_are_cut_without_a_copy(tmp_path, built, caplo
     written ahead of its commits) hold nothing: cut, with no torn copy and no warning."""
     data, states, receives = built
     path = str(tmp_path / "ahead.fs")
-    open_copy(path, data + b"\0" * ackqueue.storage.AHEAD)
-    with caplog.at_level(logging.INFO, logger="ackqueue.tail"):
+    open_copy(path, data + b"\0" * ackqueue.filestorage.AHEAD)
+    with caplog.at_level(logging.INFO, logger="ackqueue.torn_tail"):
         assert read_queue(path, receives) == states[-1][1]
     assert not [n for n in os.listdir(tmp_path) if ".torn-" in n]
     after = open(path, "rb").read()
@@ -378,7 +378,7 @@ def test_damage_in_the_middle_is_refused_then_repaired(tmp_path, built, damage):
     assert open(path, "rb").read() == bytes(damaged)        # left as it is
     assert not os.path.exists(path + ".lock")
 
-    kept = ackqueue.storage.repair(path)
+    kept = ackqueue.filestorage.repair(path)
     assert open(kept, "rb").read() == bytes(damaged[start:])
     assert open(path, "rb").read() == data[:start]
     open_copy(str(tmp_path / "before.fs"), data[:start])

@@ -54,7 +54,7 @@ def test_put_tokens_are_unique_across_processes_and_ascend_within_one():
     token table) and differ between processes, a forked child included."""
     import os
 
-    from ackqueue.shared import PutTokens
+    from ackqueue.arbiters.shared import PutTokens
 
     tokens = PutTokens()
     mine = [tokens.next() for _ in range(300)]

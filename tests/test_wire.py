@@ -1,4 +1,4 @@
-"""ackqueue.wire, the remote drop-in's HTTP/1.1 client, against a real socket server that
+"""ackqueue.remote.http, the remote drop-in's HTTP/1.1 client, against a real socket server that
 answers with the bytes each test gives (the answers the service's aiohttp sends, and the
 ones HTTP allows that it does not: chunks, 100 Continue, HTTP/1.0, a cut-off body)."""
 import socket
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ackqueue import wire
+from ackqueue.remote import http as wire
 
 
 class Peer:

@@ -20,9 +20,9 @@ import transaction
 from BTrees.LLBTree import LLTreeSet
 from zope.interface import implementer
 
-from . import codec, holds, store
-from .interfaces import IArbiter
-from .state import DEAD, EXPIRED, DEFAULT_PUT, MessageMissing, Meta, verdict
+from .. import codec, holds, store
+from ..interfaces import IArbiter
+from ..state import DEAD, EXPIRED, DEFAULT_PUT, MessageMissing, Meta, verdict
 
 __all__ = ["LocalArbiter"]
 

@@ -39,7 +39,7 @@ the threads waiting.
           refuses them (StaleAck) unless it is still the live one: a process that was paused
           past its deadline or its lease cannot remove a message delivered again meanwhile.
 - wake-ups: the server's invalidations tell this process that a queue's counters changed
-          (ackqueue.storage); waiting getters and putters look at the store again then.
+          (ackqueue.database); waiting getters and putters look at the store again then.
 - what other processes leave behind: the reaper scans the store about once a second, gives
           back messages whose visibility deadline passed, and makes delayed messages ready.
           Messages held without a deadline by a process that died come back when its lease
@@ -56,11 +56,11 @@ import transaction
 from ZODB.POSException import ConflictError
 from zope.interface import implementer
 
-from . import expiry, store
-from .fresh import fresh_reads
-from .interfaces import IArbiter
+from .. import expiry, store
+from ..pack_rereads import fresh_reads
+from ..interfaces import IArbiter
 from .local import ValueOrder, loads_or_none
-from .state import DEAD, EXPIRED, DEFAULT_PUT, Meta, verdict
+from ..state import DEAD, EXPIRED, DEFAULT_PUT, Meta, verdict
 
 __all__ = ["SharedArbiter"]
 

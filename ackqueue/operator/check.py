@@ -18,7 +18,7 @@ from ZODB.FileStorage.FileStorage import FileIterator, FileStorageFormatError
 from ZODB.serialize import ObjectReader
 from ZODB.utils import oid_repr
 
-from .. import tail
+from .. import torn_tail
 
 
 @dataclass
@@ -125,7 +125,7 @@ def check_file(path, progress=None):
 
 def _zeros_from(path, pos, size):
     with open(path, "rb") as f:
-        return tail.zeros_from(f, pos, size)
+        return torn_tail.zeros_from(f, pos, size)
 
 
 def _check_record(reader, record, report):

@@ -11,7 +11,7 @@ import click
 
 from ..errors import AckQueueError
 from .. import store
-from ..server import DEFAULT_PORT
+from ..zeo.server import DEFAULT_PORT
 from . import output
 from .output import Progress, echo_json, table
 from .targets import (EXIT_ERROR, CommandError, Target, _one_line, user_errors)
@@ -102,7 +102,7 @@ def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure)
     Example:
       ackqueue server jobs.fs --listen 127.0.0.1:8100
     """
-    from ..server import parse_listen, serve
+    from ..zeo.server import parse_listen, serve
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -113,7 +113,7 @@ def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure)
     if any(tls) and not all(tls):
         raise click.UsageError("TLS needs all three of --tls-cert, --tls-key and "
                                "--tls-client-ca")
-    from ..tls import is_loopback
+    from ..zeo.tls import is_loopback
     if not is_loopback(host) and not all(tls) and not insecure:
         raise click.UsageError(
             f"refusing to serve {host} (beyond this machine) without TLS and client "
@@ -410,7 +410,7 @@ def put_lines(q, stream, options, description, total=None):
     def flush():
         nonlocal done
         # One commit per batch: in a file, one ZODB commit; through the queue service, one
-        # atomic batch request (ackqueue.remote_block), all or nothing, in file order.
+        # atomic batch request (ackqueue.remote.block), all or nothing, in file order.
         with q.transaction():
             for item, opts in batch:
                 q.put(item, **opts)

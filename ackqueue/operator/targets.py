@@ -10,7 +10,7 @@ import transaction
 from .. import store
 from ..errors import AckQueueError
 from ..queue import AckLifoQueue, AckPriorityQueue, AckQueue, queues
-from ..storage import open_database
+from ..database import open_database
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 

@@ -2,7 +2,7 @@
 (``ackqueue serve --tls-cert/--tls-key --auth FILE``, ackqueue.service.auth).
 
 Everything is in the queue's URL, as a ``zeo://`` address carries its TLS files
-(ackqueue.storage.parse_zeo_url), so that one string opens the queue::
+(ackqueue.zeo.client.parse_zeo_url), so that one string opens the queue::
 
     https://alice@jobs.example:8080?tls_ca=service-ca.pem&token_file=alice.token
 
@@ -21,7 +21,7 @@ localhost: what ``ackqueue serve`` itself allows without TLS).
 """
 import ssl
 
-from .tls import client_context, is_loopback
+from ..zeo.tls import client_context, is_loopback
 
 __all__ = ["Access", "parse_options", "verify_failed", "refused"]
 

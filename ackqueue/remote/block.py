@@ -25,9 +25,10 @@ import json
 import logging
 import uuid
 
-from . import codec, store
-from .errors import AckQueueError, NotSupported, StaleAck
-from .frames import FRAMES, encode_frames
+from .. import codec, store
+from ..errors import AckQueueError, NotSupported, StaleAck
+from ..frames import FRAMES, encode_frames
+from .http import raise_for
 
 __all__ = ["RemoteBlock", "commit_together", "not_in_block"]
 
@@ -144,8 +145,7 @@ def _send(blocks, keep):
             "the transaction's batch was cut off and retried, and the service no longer "
             "knows its deliveries: the first attempt either committed it or they were "
             "given back")}}
-    from .remote import _raise_for      # remote imports this module
-    _raise_for(status, answer)          # (the caller rolls the blocks back)
+    raise_for(status, answer)          # (the caller rolls the blocks back)
     for b in blocks:
         for h in b.acks:
             h.holder._forget(h)

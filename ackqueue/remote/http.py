@@ -1,6 +1,6 @@
 """One keep-alive HTTP/1.1 client connection, as lean as the remote drop-in needs.
 
-The remote drop-in (remote.py) makes one small request per put, get and ack, one after
+The remote drop-in (ackqueue.remote) makes one small request per put, get and ack, one after
 the other on one connection per thread, so what a request costs the client is part of
 every operation's latency and of the CPU the machine has left for the service.
 ``http.client`` spends about 300 Python calls on one such request (an email-package
@@ -14,10 +14,26 @@ header names in lower case, and ``will_close`` says whether the server ends the
 connection after this answer (``Connection: close``, or an HTTP/1.0 answer).  Any
 protocol error raises ``WireError`` (an OSError, so callers that retry on a broken
 connection retry on it too); a timeout raises ``socket.timeout``.
-"""
-import socket
 
-__all__ = ["Connection", "WireError"]
+Above it, what every remote module needs of the service's HTTP: ``Target`` (where the
+service is and how to reach it, parsed from the queue's URL), ``ServiceHttp`` (one thread's
+persistent connection, retrying refused or cut-off requests until wait_timeout, then
+ServerUnavailable), and ``raise_for`` (an error answer as the ackqueue error it means).
+"""
+import json
+import socket
+import ssl
+import time
+import urllib.parse
+
+from . import access
+from ..errors import (AckQueueError, CodecMismatch, DuplicateMessage, EncodingRefused,
+                      ItemTooLarge, NotSupported, ServerUnavailable, StaleAck)
+
+__all__ = ["Connection", "WireError", "Target", "ServiceHttp", "Interrupted", "raise_for",
+           "error_of", "unsupported", "DEFAULT_WAIT_TIMEOUT"]
+
+DEFAULT_WAIT_TIMEOUT = 30.0   # seconds an operation waits for an unreachable service
 
 MAX_HEAD = 65536            # bytes of status line and headers we accept
 
@@ -158,3 +174,157 @@ class Connection:
                 self._buf.clear()
                 return rest
             self._buf += data
+
+
+# -- the service, as every remote module reaches it ------------------------------
+
+class Interrupted(Exception):
+    """A long poll cut short by shutdown() in another thread."""
+
+
+class ServiceHttp:
+    """One thread's persistent connection to the service."""
+
+    def __init__(self, target):
+        self.target = target
+        self.conn = None
+        self.interrupted = False
+
+    def close(self):
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def interrupt(self):
+        self.interrupted = True
+        conn = self.conn
+        sock = getattr(conn, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _connect(self, timeout):
+        t = self.target
+        self.conn = Connection(t.host, t.port, timeout,
+                               t.access.ssl_context() if t.https else None)
+
+    def request(self, method, path, body=None, headers=None, *, read_timeout=None,
+                retry=True):
+        """(status, content type, data, attempts before the answered one).  Retries a
+        refused, cut-off or 502/503/504 request until wait_timeout, then ServerUnavailable."""
+        t = self.target
+        deadline = time.monotonic() + t.wait_timeout
+        read_timeout = read_timeout or t.wait_timeout
+        attempt, pause, why = 0, 0.02, None
+        while True:
+            try:
+                if self.conn is None:
+                    self._connect(min(read_timeout, t.wait_timeout))
+                self.conn.sock.settimeout(read_timeout)
+                status, answer, data = self.conn.request(method, t.prefix + path, body,
+                                                         headers)
+                if self.conn.will_close:
+                    self.close()
+                if status in (502, 503, 504):
+                    why = f"HTTP {status}"
+                    code, message, _ = error_of(status, data)
+                    if code == "StorageFull":   # retried too (space may be freed); said
+                        why += f": {message}"
+                else:
+                    return status, answer.get("content-type", ""), data, attempt
+            except ssl.SSLCertVerificationError as exc:
+                self.close()                # retrying cannot help: say so at once
+                raise AckQueueError(access.verify_failed(t, exc)) from None
+            except OSError as exc:              # wire.WireError and timeouts too
+                self.close()
+                if self.interrupted:
+                    self.interrupted = False
+                    raise Interrupted() from exc
+                why = repr(exc)
+            except BaseException:
+                # KeyboardInterrupt or the like mid-request: drop the connection now, so
+                # the service sees its client gone (a long poll that finds a message then
+                # gives it back) and no late answer is read as the next request's.
+                self.close()
+                raise
+            if not retry or time.monotonic() + pause > deadline:
+                raise ServerUnavailable(
+                    f"the queue service at {t.url} could not be reached within "
+                    f"{t.wait_timeout:g} s ({why}); {method} {path.split('?')[0]} "
+                    "may not have been done")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+            attempt += 1
+
+
+class Target:
+    """Where the service is, and how to reach it: parsed from the queue's URL,
+    ``http[s]://[NAME@]HOST:PORT[?wait_timeout=S&tls_ca=FILE&token_file=FILE]``
+    (ackqueue.remote.access: TLS and the bearer token)."""
+
+    def __init__(self, url):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"a queue service URL is http://HOST:PORT, not {url!r}")
+        self.https = parts.scheme.lower() == "https"
+        self.host = parts.hostname
+        try:
+            self.port = parts.port or (443 if self.https else 80)
+        except ValueError:
+            raise ValueError(f"bad port in {url!r}") from None
+        self.prefix = parts.path.rstrip("/")
+        options = access.parse_options(parts, url)
+        self.wait_timeout = options.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT)
+        self.access = access.Access(parts, options, url)
+        netloc = self.host if ":" not in self.host else f"[{self.host}]"
+        if parts.port:
+            netloc += f":{parts.port}"
+        self.url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        self.netloc = (parts.username + "@" if parts.username else "") + netloc
+
+
+def error_of(status, data):
+    """(code, message, error document) of an error answer's JSON body."""
+    try:
+        doc = json.loads(data)["error"]
+        return doc.get("code", ""), doc.get("message", ""), doc
+    except Exception:
+        return "", data[:200].decode("utf-8", "replace"), {}
+
+
+def unsupported(what, instead):
+    """The NotSupported error for what, on a queue reached through the service."""
+    return NotSupported(f"{what} cannot work on a queue reached through the queue service "
+                        f"(ackqueue serve): {instead}")
+
+
+
+def raise_for(status, doc, stale_ok=False):
+    """Raise the ackqueue error an answer other than 200 means (nothing for a 200)."""
+    if status == 200:
+        return
+    code, message, error = error_of(status, doc if isinstance(doc, bytes) else
+                                  json.dumps(doc).encode())
+    if status in (409, 410) and code in ("StaleReceipt", "UnknownReceipt"):
+        raise StaleAck(f"the delivery was given back before this ack or nack (its "
+                       f"visibility deadline passed, its client's lease ended, or the "
+                       f"service restarted): {message}")
+    if status == 409 and code in ("NotOwned", "LeaseExpired"):     # a batch's lease check
+        raise StaleAck(f"a delivery this batch needed held is no longer held by this "
+                       f"client: {message}")
+    if status == 413:
+        raise ItemTooLarge(f"the queue service refused the item: {message}")
+    if code == "DuplicateMessage":
+        raise DuplicateMessage(message)
+    if code == "CodecMismatch":
+        raise CodecMismatch(message)
+    if code == "UnsupportedEncoding":
+        raise EncodingRefused(message, codec=error.get("codec"),
+                              encoding=error.get("encoding"))
+    raise AckQueueError(f"the queue service answered HTTP {status} {code}: {message}")
+

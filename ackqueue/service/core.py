@@ -18,7 +18,7 @@ import time
 import ackqueue
 from ackqueue import AckQueue
 from ackqueue.errors import NotHeld
-from ackqueue.storage import open_database
+from ackqueue.database import open_database
 
 __all__ = ["Service", "Session", "Leases", "Delivery", "ClientConn", "check_name",
            "check_client"]

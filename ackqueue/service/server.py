@@ -8,7 +8,7 @@ import sys
 
 from aiohttp import web
 
-from ..storage import note_holder
+from ..filestorage import note_holder
 from .core import Service
 from .gate import HEADER_TIMEOUT, Gate, default_caps
 from .http import make_app

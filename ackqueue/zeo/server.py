@@ -29,12 +29,12 @@ import ZODB
 from ZEO.StorageServer import StorageServer
 from ZODB.POSException import POSKeyError
 
-from .errors import QueueLocked
-from .storage import _lock_holder, lock_holder, note_holder, open_file_storage
+from ..errors import QueueLocked
+from ..filestorage import _lock_holder, lock_holder, note_holder, open_file_storage
 
 __all__ = ["serve", "parse_listen", "DEFAULT_PORT"]
 
-log = logging.getLogger("ackqueue.server")
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8100
 
@@ -165,7 +165,7 @@ def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", tls=
     """Serve the queue file path on (host, port) until SIGTERM or SIGINT.  Port 0 picks a
     free port; the address served is printed on out as ``... at zeo://HOST:PORT``.
     tls: (certificate, key, client CA) files: TLS, and only clients presenting a
-    certificate that CA signed get in (ackqueue.tls)."""
+    certificate that CA signed get in (ackqueue.zeo.tls)."""
     ssl_context = None
     if tls is not None:
         from .tls import server_context

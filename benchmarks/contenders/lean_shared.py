@@ -12,7 +12,7 @@ class LeanSharedAdapter(LeanDelegate):
 
     def __init__(self, url, fast=False):
         from ZEO.ClientStorage import ClientStorage
-        from ackqueue.storage import parse_zeo_url
+        from ackqueue.zeo.client import parse_zeo_url
         from benchmarks import lean_shared
         addr, _ = parse_zeo_url(url)
         storage = ClientStorage(addr, wait_timeout=30)

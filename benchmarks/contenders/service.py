@@ -113,7 +113,7 @@ class ServiceAdapter(Adapter):
         self.base = f"/v1/queues/{name}"
         self.client = client or f"bench-{os.getpid()}"
         self.pending = []              # receipts acknowledged, not yet sent
-        from ackqueue.wire import Connection
+        from ackqueue.remote.http import Connection
         self.conn = Connection(self.host, self.port, MAX_WAIT + 30)
         self.requests = 0
 

@@ -150,7 +150,7 @@ class FloorAdapter(Adapter):
     """put(): one POST answered once durable; get(): one long poll."""
 
     def __init__(self, url):
-        from ackqueue.wire import Connection
+        from ackqueue.remote.http import Connection
         port = int(url.rsplit(":", 1)[1])
         self.conn = Connection("127.0.0.1", port, 60)
 

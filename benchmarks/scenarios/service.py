@@ -336,7 +336,7 @@ def child_floor_server(kind):
 def child_floor_client(host, port, path, seconds):
     """Sequential keep-alive GETs through ackqueue.wire, the client the scenario's
     processes use (the remote drop-in's)."""
-    from ackqueue.wire import Connection
+    from ackqueue.remote.http import Connection
     report(event="ready", pid=os.getpid())
     sys.stdin.readline()                                   # "go"
     c = Connection(host, int(port), 30)

@@ -171,7 +171,7 @@ def child_server(kind, path):
 
 
 def child_client(port, batch, seconds):
-    from ackqueue.wire import Connection
+    from ackqueue.remote.http import Connection
     from benchmarks.contenders.service import encode_frames
     report(event="ready", pid=os.getpid())
     sys.stdin.readline()                                   # "go"
