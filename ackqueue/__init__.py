@@ -18,8 +18,8 @@ from .errors import (AckQueueError, CodecMismatch, DuplicateMessage, EncodingRef
                      StorageError, UnpicklableItem, UnsupportedFormat)
 from .message import Message, MessageId
 from .queue import AckLifoQueue, AckPriorityQueue, AckQueue, queues
+from .version import __version__  # noqa: F401 (ackqueue.__version__)
 
-__version__ = "0.1.0"
 
 __all__ = [
     "AckQueue", "AckLifoQueue", "AckPriorityQueue", "QueueConnection", "Message",

@@ -46,6 +46,7 @@ import math
 from BTrees.LOBTree import LOBTree
 from persistent import Persistent
 
+from .order import store_key
 from .segments import KeySet, MessageIndex, Msg
 
 _EXPIRES_AT = Msg._fields.index("expires_at")
@@ -238,7 +239,6 @@ def due(rec, now):
 
 def _classify(result, rec, seq, msg):
     """Count expired message seq (its Msg msg) as held, ready or delayed in result."""
-    from .store import store_key      # (store imports this module)
     key = store_key(rec.kind, msg.priority, seq)
     if msg.holder is not None or seq in rec.inflight:
         result.held += 1

@@ -93,10 +93,15 @@ from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 from ZODB.POSException import ConflictError
 
+# The order of ready messages lives below the store and the expiry index (both file by
+# store_key); its names stay the store's too (store.FIFO, store.store_key, ...).
+from .order import (FIFO, KINDS, LIFO, PRIORITY_MAX, SEQ_BITS, SEQ_MASK,  # noqa: F401
+                    VALUE, seq_of_key, store_key)
 from .expiry import ExpiryIndex, NO_ORDER, build as build_expiry_index, split_ordered
 from .journal import ADDED, REMOVED, KeyJournal, KeyRuns, merge_runs, merge_states
 from .segments import KeySet, MessageIndex, Msg, SegmentedIndex, merge_entries
 
+from .version import __version__
 from .errors import DuplicateMessage, Refused, StaleAck, UnsupportedFormat
 
 __all__ = [
@@ -202,12 +207,9 @@ def _format_6_to_7(root):
 MIGRATIONS = {1: _format_1_to_2, 2: _format_2_to_3, 3: _format_3_to_4, 4: _format_4_to_5,
               5: _format_5_to_6, 6: _format_6_to_7}
 
-FIFO, LIFO, VALUE = "fifo", "lifo", "value"
-KINDS = (FIFO, LIFO, VALUE)
 KIND_NAMES = {FIFO: "a FIFO queue (AckQueue)", LIFO: "a LIFO queue (AckLifoQueue)",
               VALUE: "a priority queue (AckPriorityQueue)"}
 
-PRIORITY_MAX = 1000
 DEFAULT_PRIORITY = 100
 LARGE_BODY = 4096           # bodies above this many bytes get a record of their own
 BODY_PART = 4 << 20         # bodies above this are split into records of at most this size
@@ -217,28 +219,10 @@ DEAD_LETTER_RETENTION = MAX_RETENTION   # a dead letter is kept this long for in
 DEFAULT_DEDUP_WINDOW = 300.0        # seconds during which a dedup id refuses a second put
 PUT_TOKEN_WINDOW = 600.0            # seconds a put's token recognises a retried commit
 SEQ_BLOCK = 1024            # sequence numbers reserved in the store at a time (see Put)
-SEQ_BITS = 48
-SEQ_MASK = (1 << SEQ_BITS) - 1
 _EXPIRES_AT = Msg._fields.index("expires_at")
 _PICKLE_PROTOCOL = 4        # of the bytes states (Counters here, Segment in segments.py)
 INBOX, GONE, FOLDS = "messages+", "messages-", "messages~"   # the names the message
                                         # index's journal is stored under (Counters, format 7)
-
-
-def store_key(kind, priority, seq):
-    """The integer that orders a ready message: higher priority first, then FIFO or LIFO."""
-    if kind == VALUE:
-        return seq
-    rank = (PRIORITY_MAX - priority) << SEQ_BITS
-    return rank | ((SEQ_MASK - seq) if kind == LIFO else seq)
-
-
-def seq_of_key(kind, key):
-    """Inverse of store_key for the sequence number."""
-    if kind == VALUE:
-        return key
-    low = key & SEQ_MASK
-    return (SEQ_MASK - low) if kind == LIFO else low
 
 
 class Counters(Persistent):
@@ -866,7 +850,6 @@ def _describe(root):
 
 
 def _version():
-    from . import __version__     # here: the package imports this module
     return __version__
 
 
