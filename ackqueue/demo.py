@@ -27,8 +27,9 @@ import sys
 import tempfile
 import threading
 import time
+from queue import Empty
 
-from . import AckQueue, Empty
+from .queue import AckQueue
 
 __all__ = ["run_demo"]
 
