@@ -76,7 +76,7 @@ class transaction:
                                  "service, not both; write() needs the queues' database")
             commit_together(self.blocks, [h for hs in self.keep.values() for h in hs])
             return False
-        keep = [(self._by_name[name]._state, holdings)
+        keep = [(self._by_name[name].state, holdings)
                 for name, holdings in self.keep.items()]
         # The writes travel as the first block's last operations: one unit, one commit.
         self.blocks[0].put_ops.extend(self.writes)

@@ -115,7 +115,7 @@ def encode(item, codec=DEFAULT):
             return _TEXT + item.encode("utf-8", "surrogatepass")
         if type(item) is bytes:
             return _BYTES + item
-        return _pickle(item)
+        return pickle_item(item)
     if codec == TEXT:
         if not isinstance(item, str):
             raise TypeError(f"a queue with codec 'str' takes str items, not "
@@ -158,14 +158,14 @@ def encode_many(items, codec=DEFAULT):
         elif kind is bytes:
             out.append((item, _BYTES + item))
         else:
-            out.append((item, _pickle(item)))
+            out.append((item, pickle_item(item)))
     return out
 
 
 _dumps = functools.partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _pickle(item):
+def pickle_item(item):
     """Pickle an item; anything pickle refuses becomes UnpicklableItem."""
     try:
         return pickle.dumps(item, pickle.HIGHEST_PROTOCOL)   # (the protocol as a keyword

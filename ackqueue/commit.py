@@ -156,6 +156,14 @@ class Ticket:
             raise self.error
         return True
 
+    def finished(self):
+        """Whether the outcome is known (durable, or failed: see error)."""
+        return self._done.is_set()
+
+    def wait_finished(self):
+        """Wait until the outcome is known, without raising its error (see error)."""
+        self._done.wait()
+
     def _settle(self, error):
         self.error = error
         try:

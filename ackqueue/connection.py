@@ -394,6 +394,10 @@ class ThreadBound:
         thread = None if self._thread is None else self._thread()
         return thread is not None and thread in _failed_threads
 
+    def owned_by(self, thread):
+        """Whether this proxy belongs to thread (False for one bound to no thread)."""
+        return self._thread is not None and self._thread() is thread
+
 
 class QueueConnection(ThreadBound):
     """One thread's handle on a queue: get, put, ack, nack, get_message, transaction, close.
@@ -592,7 +596,7 @@ class QueueConnection(ThreadBound):
     def peek(self):
         """The Message the next get would receive, without receiving it; None if none."""
         self._check_thread()
-        found = self._state.peek(self._load_meta)
+        found = self._state.peek(self.load_meta)
         if found is None:
             return None
         seq, meta = found
@@ -617,7 +621,7 @@ class QueueConnection(ThreadBound):
             self._state.acknowledging = True
         txn = self._transaction_block()
         # Ask's arguments by position: a class called with keywords builds a dict of them.
-        ask = Ask(self, visibility_timeout, self._load_meta,
+        ask = Ask(self, visibility_timeout, self.load_meta,
                   not isinstance(txn, _AppTransactionBlock), shuffle, policy,
                   front.prefetch, front.prefetch_wait)
         claimed = self._state.claim(self._front, ask, block, timeout, n=n or 1)
@@ -731,7 +735,7 @@ class QueueConnection(ThreadBound):
         finally:
             self._forget([h])
 
-    def _load_meta(self, seq):
+    def load_meta(self, seq):
         """Read a message that is not in memory (called with the state's mutex held)."""
         if self._zconn is None:
             self._load_meta_connection()
@@ -763,7 +767,7 @@ class QueueConnection(ThreadBound):
     def find(self, x):
         """The live-or-recent holding that x names (a Message, an item got, a MessageId)."""
         if isinstance(x, Message):
-            return x._holding if x.queue == self._state.name else None
+            return x.holding if x.queue == self._state.name else None
         same = self._by_item.get(id(x))
         if same is not None:
             if type(same) is not list:
@@ -928,7 +932,7 @@ class QueueConnection(ThreadBound):
     def redrive(self, to=None):
         """Move the queue's ready dead letters back to their queues (or to ``to``)."""
         self._check_thread()
-        return self._state.redrive(to, self._load_meta)
+        return self._state.redrive(to, self.load_meta)
 
     # -- transactions ---------------------------------------------------------------------
 

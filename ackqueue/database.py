@@ -196,7 +196,10 @@ class Database:
             return []
         return self.db.storage.written_lately(oids)
 
-    def _release(self):
+    def release(self):
+        """Give back one reference (open_database's caller calls it once); the last one
+        closes the handle: its queues' states, the lease, the committer and, if this
+        handle opened it, the DB (which writes a file's .index)."""
         with self.lock:
             self.refs -= 1
             if self.refs > 0 or self.closed:
@@ -328,7 +331,7 @@ def _file_database(path, durability, repair=False):
         return handle
     handle = _shared_handle(key, make)
     if durability is not None and handle.durability != durability:
-        handle._release()
+        handle.release()
         raise ValueError(f"queue file {path!r} is already open in this process with "
                          f"durability={handle.durability!r}")
     return handle
@@ -372,6 +375,6 @@ def _close_all():
         with handle.lock:
             handle.refs = 1
         try:
-            handle._release()
+            handle.release()
         except Exception:  # pragma: no cover - best effort at exit
             pass

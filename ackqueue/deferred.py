@@ -95,7 +95,7 @@ class DeferredAcks:
                 if ticket.uncertain and error.reason == "acked":
                     state.settled(holdings)      # our own first attempt got through
                 else:
-                    state._drop(holdings, str(error))
+                    state.drop(holdings, str(error))
                 return
             log.warning("ackqueue: a deferred ack of queue %r failed to commit (%r); "
                         "its message(s) are given back", state.name, error)
@@ -114,7 +114,7 @@ class DeferredAcks:
             state.cancel_settle(holdings)
             raise
         with self._lock:
-            while self._tickets and self._tickets[0]._done.is_set() \
+            while self._tickets and self._tickets[0].finished() \
                     and self._tickets[0].error is None:
                 self._tickets.popleft()          # durable: nothing left to report
             self._tickets.append(ticket)
@@ -129,7 +129,7 @@ class DeferredAcks:
         self._state.committer.flush()
         first = None
         for ticket in tickets:
-            ticket._done.wait()
+            ticket.wait_finished()
             error = ticket.error
             if error is not None and not (isinstance(error, StaleAck) and ticket.uncertain
                                           and error.reason == "acked"):

@@ -685,7 +685,7 @@ def _check_regular(path):
 
 
 def _locked_error(path):
-    held = f"queue file {path!r} is already open in another process{_lock_holder(path)}"
+    held = f"queue file {path!r} is already open in another process{pid_note(path)}"
     url = lock_holder(path)[1]
     if url is not None and url.startswith("zeo://"):
         return QueueLocked(
@@ -735,7 +735,8 @@ def repair(path):
     return _check_tail(path, repair=True)
 
 
-def _lock_holder(path):
+def pid_note(path):
+    """" (pid N)" naming the process that holds the queue file path, or "" if unknown."""
     pid = lock_holder(path)[0]
     return f" (pid {pid})" if pid else ""
 

@@ -318,12 +318,12 @@ class Holds:
     caller serializes them); calls on different names may."""
 
     def __init__(self, q):
-        if not q._database.exclusive:
+        if not q.database.exclusive:
             raise NotSupported("durable holds need a storage this process holds alone "
                                "(a file or an in-memory database), not ZEO or the queue "
                                "service")
         self.q = q
-        self.state = q._state
+        self.state = q.state
         self.name = q.name
         self.registry = of(self.state)
         self._reader = q.connect(thread_bound=False)      # reads bodies not in memory
@@ -364,7 +364,7 @@ class Holds:
             if state.holders.get(holder):
                 raise ValueError(f"hold {name!r} of queue {self.name!r} holds messages "
                                  "already")
-        ask = Ask(holder, visibility_timeout, self._reader._load_meta, record=False,
+        ask = Ask(holder, visibility_timeout, self._reader.load_meta, record=False,
                   policy=policy)
         moves = []
         try:
@@ -389,7 +389,7 @@ class Holds:
             with state.mutex:
                 for h in got:
                     if state.inflight.get(h.seq) is h:
-                        state._give_back(h, "its hold could not be written")
+                        state.give_back_held(h, "its hold could not be written")
             raise
         holder.reads = 1
         return held
@@ -422,7 +422,7 @@ class Holds:
                 h.receive_count += 1
                 h.meta.receive_count = h.receive_count
                 h.meta.last_received = now
-                state._set_deadline(h, deadline)
+                state.set_deadline(h, deadline)
                 out.append(_held(h))
         return out
 
@@ -464,7 +464,7 @@ class Holds:
                     h.receive_count -= h.holder.reads
                     h.meta.receive_count = h.receive_count
                 del state.inflight[h.seq]
-                state._forget_holding(h)
+                state.forget_holding(h)
                 h.released = why
                 ops.append(state.arbiter.give_back_op(h, None, now))
         count = len(ops)
@@ -480,7 +480,7 @@ class Holds:
         in one commit with also; how many."""
         state = self.state
         wanted = set(seqs)
-        tstate = None if target is None else target._state
+        tstate = None if target is None else target.state
         ops, arrivals, moved = [], [], []
         with state.mutex:
             now = state.clock()
@@ -488,7 +488,7 @@ class Holds:
                 if h.settling or h.seq not in wanted:
                     continue
                 del state.inflight[h.seq]
-                state._forget_holding(h)
+                state.forget_holding(h)
                 h.released = "it was moved to the dead-letter queue"
                 state.left()
                 meta = h.meta
@@ -501,7 +501,7 @@ class Holds:
                     tseq = tstate.arbiter.reserve_seqs(1)[0]
                     moved_meta = Meta.from_msg(store.dead_lettered(
                         meta.to_msg(), h.seq, self.name, now), meta.body)
-                    arrivals.append((tseq, tstate.arbiter._moved_key(meta, tseq),
+                    arrivals.append((tseq, tstate.arbiter.moved_key(meta, tseq),
                                      moved_meta, None))
                     ops.append(store.DeadLetter(self.name, h.seq, target.name, tseq, now))
                 moved.append(h.seq)

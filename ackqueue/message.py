@@ -44,3 +44,8 @@ class Message:
     sequence_number: int = None
     dead_letter_source: object = None
     _holding: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def holding(self):
+        """The delivery this Message names (what ack() acknowledges), None from peek()."""
+        return self._holding

@@ -43,8 +43,9 @@ def read_fresh(read, abort):
 
 
 def fresh_reads(method):
-    """Decorate a SharedArbiter method that reads through self._rconn (self._rtm)."""
+    """Decorate a SharedArbiter method that reads through its read connection (its
+    abort_reads() starts a fresh snapshot)."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        return read_fresh(lambda: method(self, *args, **kwargs), self._rtm.abort)
+        return read_fresh(lambda: method(self, *args, **kwargs), self.abort_reads)
     return wrapper

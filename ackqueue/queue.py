@@ -328,7 +328,7 @@ class AckQueue(_stdlib_queue.Queue):
             if autopack is not None:
                 self._database.enable_autopack(autopack)
         except BaseException:
-            self._database._release()
+            self._database.release()
             raise
         # queue.Queue's names for its lock and conditions, shared by every front of this
         # queue in the process (their waits are one queue's waits).
@@ -505,6 +505,23 @@ class AckQueue(_stdlib_queue.Queue):
                                         or (dead_letter == self.name and not to_itself)):
             raise ValueError("dead_letter must name another queue of this storage")
         return self._dead_letter_policy(max_receives, dead_letter)
+
+    @property
+    def state(self):
+        """The queue's live state in this process (ackqueue.interfaces.IQueueState; shared
+        by every front of this queue in the process)."""
+        return self._state
+
+    @property
+    def database(self):
+        """The runtime of the queue's storage (ackqueue.interfaces.IDatabase): a
+        database.Database, or a remote.database.RemoteDatabase through the service."""
+        return self._database
+
+    @property
+    def clock(self):
+        """The wall clock of this queue's deadlines, delays and retention (clock=)."""
+        return self._clock
 
     @property
     def kind(self):
@@ -818,7 +835,7 @@ class AckQueue(_stdlib_queue.Queue):
             conn.close()
         with self.mutex:
             self.all_tasks_done.notify_all()      # a join() in progress raises "closed"
-        self._database._release()
+        self._database.release()
         if failed is not None:
             raise failed
 
@@ -833,7 +850,7 @@ class AckQueue(_stdlib_queue.Queue):
 
     def _find(self, item, own=None):
         """The delivery item names (own: the calling thread's connection, if known)."""
-        if isinstance(item, Message) and item._holding is None:
+        if isinstance(item, Message) and item.holding is None:
             raise NotHeld(f"{item!r} was peeked, not received: there is nothing to "
                           "acknowledge")
         if own is None:
@@ -904,4 +921,4 @@ def queues(path_or_db=None):
         finally:
             conn.close()
     finally:
-        database._release()
+        database.release()

@@ -671,18 +671,20 @@ class QueueState:
             self.expire_due()
             self.check_current(holding)
             if seconds <= 0:
-                self._give_back(holding, "change_visibility() gave it back")
+                self.give_back_held(holding, "change_visibility() gave it back")
                 return
             deadline = self.clock() + seconds
             op = self.arbiter.deadline_op(holding, deadline)
             if op is None:
-                self._set_deadline(holding, deadline)
+                self.set_deadline(holding, deadline)
                 return
         self.committer.submit([op]).wait()
         with self.mutex:
-            self._set_deadline(holding, deadline)
+            self.set_deadline(holding, deadline)
 
-    def _set_deadline(self, holding, deadline):
+    def set_deadline(self, holding, deadline):
+        """Record holding's new visibility deadline here and wake the reaper (mutex held;
+        the store learned it already where it must)."""
         holding.deadline = deadline
         heapq.heappush(self.deadlines, (deadline, holding.token, holding.seq))
         self.reaper_wake.notify()
@@ -732,7 +734,7 @@ class QueueState:
         for h in holdings:
             if inflight.get(h.seq) is h:
                 del inflight[h.seq]
-                held = holders.get(h.holder)          # _forget_holding, inline
+                held = holders.get(h.holder)          # forget_holding, inline
                 if held is not None:
                     held.pop(h.seq, None)
                     if not held:
@@ -768,7 +770,7 @@ class QueueState:
                 if own_first_attempt(error):
                     self.settled(holdings)    # our own first attempt got through
                 else:
-                    self._drop(holdings, str(error))
+                    self.drop(holdings, str(error))
             else:
                 self.cancel_settle(holdings)
             if then is not None:
@@ -794,7 +796,7 @@ class QueueState:
             if not own_first_attempt(exc):
                 raise
 
-    def _drop(self, holdings, why):
+    def drop(self, holdings, why):
         """Deliveries the store no longer has in flight for us: forget them here."""
         with self.mutex:
             for h in holdings:
@@ -806,7 +808,7 @@ class QueueState:
         longer ours."""
         if self.inflight.get(h.seq) is h:
             del self.inflight[h.seq]
-            self._forget_holding(h)
+            self.forget_holding(h)
         h.released = why
 
     # -- give back ------------------------------------------------------------------------
@@ -815,16 +817,20 @@ class QueueState:
         """Return a held message to its place (now, or after delay seconds)."""
         with self.mutex:
             self.check_current(holding)
-            self._give_back(holding, why, delay)
+            self.give_back_held(holding, why, delay)
 
-    def _give_back(self, h, why, delay=0.0):
+    def give_back_held(self, h, why, delay=0.0):
+        """give_back for a delivery known to be current (mutex held): its message returns
+        to its place, now or after delay seconds."""
         del self.inflight[h.seq]
-        self._forget_holding(h)
+        self.forget_holding(h)
         h.released = why
         now = self.clock()
         self.arbiter.put_back(h, now + delay if delay and delay > 0 else None, now)
 
-    def _forget_holding(self, h):
+    def forget_holding(self, h):
+        """Take delivery h out of its holder's table (mutex held); the caller takes it
+        out of inflight."""
         held = self.holders.get(h.holder)
         if held is not None:
             held.pop(h.seq, None)
@@ -839,7 +845,7 @@ class QueueState:
     def _give_back_all(self, holder, why):
         for h in list(self.holders.get(holder, {}).values()):
             if not h.settling:
-                self._give_back(h, why)
+                self.give_back_held(h, why)
 
     def give_back_everything(self, why):
         """Give back every delivery this process holds (it is closing the queue)."""
@@ -861,7 +867,7 @@ class QueueState:
             for h in block.got:
                 if self.inflight.get(h.seq) is h:
                     h.settling = False
-                    self._give_back(h, why)
+                    self.give_back_held(h, why)
             for h in block.acks:
                 h.settling = False
             self._unreserve(len(block.put_entries))
@@ -878,7 +884,7 @@ class QueueState:
                 if h.settling:        # an ack is being written; look again later
                     heapq.heappush(self.deadlines, (now + 0.05, token, seq))
                     break
-                self._give_back(h, "its visibility deadline passed")
+                self.give_back_held(h, "its visibility deadline passed")
         self.arbiter.expire_due(now)
         if self.ended:
             self._reap_told()
@@ -907,7 +913,7 @@ class QueueState:
         not asked."""
         me = current_thread()
         for holder in [hd for hd in self.holders if hd.thread_bound
-                       and (hd._thread is None or hd._thread() is not me) and not hd.alive()]:
+                       and not hd.owned_by(me) and not hd.alive()]:
             if self.acknowledging or holder.ended_by_exception():
                 self._give_back_all(holder, "the thread that received it ended")
             else:

@@ -922,10 +922,10 @@ def test_a_get_many_interrupted_while_reading_leaves_its_whole_batch_ready(tmp_p
 
         def interrupted(seq):
             raise KeyboardInterrupt
-        own._load_meta = interrupted
+        own.load_meta = interrupted
         with pytest.raises(KeyboardInterrupt):
             q.get_many(10)
-        del own._load_meta
+        del own.load_meta
         assert counts_of(q) == count(ready=4)
         got = q.get_messages(10, timeout=SHORT)
         assert bodies(got) == ["a", "b", "c", "d"]

@@ -310,7 +310,7 @@ class LocalArbiter:
     def store_key_of(self, key):
         return key[-1] if self.state.kind == store.VALUE else key
 
-    def _moved_key(self, meta, seq):
+    def moved_key(self, meta, seq):
         """The memory key, in this queue, of a message moved here as seq."""
         kind = self.state.kind
         return self.memory_key(store.store_key(kind, meta.priority, seq),
@@ -463,7 +463,7 @@ class LocalArbiter:
                 # reaches the caller, so what was taken goes back to its place, as a
                 # batch that cannot be handed out does (connection._take_back).
                 for h in got:
-                    self.state._give_back(h, "its get was interrupted")
+                    self.state.give_back_held(h, "its get was interrupted")
                 raise
         return got
 
@@ -628,7 +628,7 @@ class LocalArbiter:
         tseq = target.arbiter.reserve_seqs(1)[0]
         moved = Meta.from_msg(store.dead_lettered(meta.to_msg(), seq, self.name, now),
                               meta.body)
-        tkey = target.arbiter._moved_key(meta, tseq)
+        tkey = target.arbiter.moved_key(meta, tseq)
 
         def failed(error, key=key, seq=seq, meta=meta):
             with self.state.mutex:          # still in the store here: back to its place
@@ -853,7 +853,7 @@ class LocalArbiter:
             tseq = target.arbiter.reserve_seqs(1)[0]
             back = Meta.from_msg(store.redriven(meta.to_msg(), seq, now), meta.body)
             moves.append((seq, name, tseq))
-            taken.append((key, seq, meta, target, (tseq, target.arbiter._moved_key(meta, tseq),
+            taken.append((key, seq, meta, target, (tseq, target.arbiter.moved_key(meta, tseq),
                                                    back, None)))
         self.state.left(len(moves))
         return moves, taken

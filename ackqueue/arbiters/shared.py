@@ -167,6 +167,11 @@ class SharedArbiter:
         self._rconn = self.database.db.open(transaction_manager=self._rtm)
         self.watch_oid = None
 
+    def abort_reads(self):
+        """End the read connection's snapshot: the next read sees a fresh one (what
+        ackqueue.pack_rereads does when a pack removed a revision a read needed)."""
+        self._rtm.abort()
+
     # -- opening and reading --------------------------------------------------------------
 
     def load(self):
@@ -381,7 +386,7 @@ class SharedArbiter:
         state = self.state
         del self._ahead[h.seq]
         del state.inflight[h.seq]
-        state._forget_holding(h)
+        state.forget_holding(h)
         mine = state.hold(h.seq, h.key, h.skey, h.meta, holder, h.deadline)
         mine.claimed = h.claimed
         return mine
@@ -392,7 +397,7 @@ class SharedArbiter:
         state = self.state
         if state.inflight.get(h.seq) is h:
             del state.inflight[h.seq]
-        state._forget_holding(h)
+        state.forget_holding(h)
         h.released = why
         self._ahead_back(h)
 

@@ -14,7 +14,7 @@ from .. import store
 from ..zeo.server import DEFAULT_PORT
 from . import output
 from .output import Progress, echo_json, table
-from .targets import (EXIT_ERROR, CommandError, Target, _one_line, user_errors)
+from .targets import (EXIT_ERROR, CommandError, Target, one_line, user_errors)
 from .transfer import BadLine, message_record, parse_line, queue_kind_of
 
 IMPORT_BATCH = 500          # messages put in one commit by import and put -/--jsonl
@@ -122,7 +122,7 @@ def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure)
         code = serve(path, host, port, durability=durability,
                      tls=tls if all(tls) else None)
     except (AckQueueError, OSError, ValueError) as exc:    # one line, never a traceback
-        raise CommandError(_one_line(exc)) from None
+        raise CommandError(one_line(exc)) from None
     sys.exit(code)
 
 
@@ -238,7 +238,7 @@ def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout,
                            f"name ({exc.strerror}); give a name or address of this "
                            "machine, e.g. 127.0.0.1") from None
     except (AckQueueError, OSError) as exc:
-        raise CommandError(_one_line(exc)) from None
+        raise CommandError(one_line(exc)) from None
     sys.exit(code)
 
 
@@ -592,7 +592,7 @@ def export(target, queue, file):
             it = q.browse()
             try:
                 for m in it:
-                    out.write(json.dumps(message_record(m, now, q._kind),
+                    out.write(json.dumps(message_record(m, now, q.kind),
                                          ensure_ascii=False, separators=(",", ":")) + "\n")
                     n += 1
                     bar.advance()
@@ -630,7 +630,7 @@ def import_(target, queue, file):
             # A missing queue is made with the kind the export recorded.
             q = t.queue(queue, must_exist=False, kind=queue_kind_of(first))
             stream = lines
-            if q._kind == store.LIFO:
+            if q.kind == store.LIFO:
                 # The file lists messages in delivery order, newest first for a LIFO
                 # queue: put them oldest first, so that they are delivered as they were.
                 stream = list(stream)[::-1]

@@ -37,11 +37,12 @@ def user_errors(func):
         except click.ClickException:
             raise
         except (AckQueueError, OSError, ValueError, TypeError) as exc:
-            raise CommandError(_one_line(exc)) from None
+            raise CommandError(one_line(exc)) from None
     return wrapper
 
 
-def _one_line(exc):
+def one_line(exc):
+    """The message of exc as one line for the command line's Error: output."""
     text = str(exc) or type(exc).__name__
     if isinstance(exc, OSError) and exc.filename and exc.strerror and str(exc.filename) not in text:
         text = f"{exc.strerror}: {exc.filename}"
@@ -90,7 +91,7 @@ class Target:
             q.close()
         self._queues = []
         if self.database is not None:
-            self.database._release()
+            self.database.release()
             self.database = None
 
     def catalog(self):

@@ -42,7 +42,7 @@ class RemoteBlock:
         self.conn = conn
         self.puts = []              # (body, opts, dedup_id)
         self.acks = []              # RemoteHolding acknowledged inside the block
-        self.before = set(conn._holdings)   # receipts held when the block began
+        self.before = set(conn.holdings)   # receipts held when the block began
 
     def __enter__(self):
         return self
@@ -69,7 +69,7 @@ class RemoteBlock:
 
     def got_here(self):
         """The deliveries received inside the block and still held."""
-        return [h for r, h in self.conn._holdings.items() if r not in self.before]
+        return [h for r, h in self.conn.holdings.items() if r not in self.before]
 
     def rollback(self, why):
         """End the block: drop its puts and acks, give back at once what it received."""
@@ -79,7 +79,7 @@ class RemoteBlock:
         if not got:
             return
         try:
-            self.conn._nack_receipts([h.receipt for h in got])
+            self.conn.nack_receipts([h.receipt for h in got])
         except StaleAck:                # one of them is over already: the others one by one
             for h in got:
                 self._give_back(h)
@@ -89,12 +89,12 @@ class RemoteBlock:
                         "deadline or when this client's lease ends)", len(got), exc)
         for h in got:
             h.released = f"given back: {why}"
-            h.holder._forget(h)
+            h.holder.forget(h)
 
 
     def _give_back(self, h):
         try:
-            self.conn._nack_receipts([h.receipt])
+            self.conn.nack_receipts([h.receipt])
         except AckQueueError:
             pass                        # over already, or comes back at its deadline
 
@@ -117,28 +117,28 @@ def commit_together(blocks, keep=()):
 
 
 def _check_one_service(blocks):
-    services = {(b.conn._db.target.netloc, b.conn._db.client) for b in blocks}
+    services = {(b.conn.database.target.netloc, b.conn.database.client) for b in blocks}
     if len(services) > 1:
         raise ValueError("one batch spans queues of one queue service only")
 
 
 def _send(blocks, keep):
-    puts = [(b.conn._state.name, put) for b in blocks for put in b.puts]
-    acks = [(b.conn._state.name, h) for b in blocks for h in b.acks]
+    puts = [(b.conn.state.name, put) for b in blocks for put in b.puts]
+    acks = [(b.conn.state.name, h) for b in blocks for h in b.acks]
     if not puts and not acks and not keep:
         return                          # gets only: already held, nothing to commit
     acked = {h.receipt for _, h in acks}
-    held = [(b.conn._state.name, h) for b in blocks for h in b.got_here()] + [
-        (h.holder._state.name, h) for h in keep]
+    held = [(b.conn.state.name, h) for b in blocks for h in b.got_here()] + [
+        (h.holder.state.name, h) for h in keep]
     doc = {"acks": [{"queue": name, "receipt": h.receipt} for name, h in acks],
-           "lease": {"client": blocks[0].conn._db.client, "receipts": [
+           "lease": {"client": blocks[0].conn.database.client, "receipts": [
                {"queue": name, "receipt": h.receipt} for name, h in held
                if h.receipt not in acked]},
            "idempotency_key": uuid.uuid4().hex,
            "puts": [_put_entry(name, body, opts, d) for name, (body, opts, d) in puts]}
     data = encode_frames([json.dumps(doc).encode()] +
                          [codec.payload(body) for _, (body, _, _) in puts])
-    status, answer, attempt = blocks[0].conn._db.call("POST", "/v1/batch", data,
+    status, answer, attempt = blocks[0].conn.database.call("POST", "/v1/batch", data,
                                                       {"Content-Type": FRAMES})
     if status in (409, 410) and attempt and not puts:
         status, answer = 409, {"error": {"code": "StaleReceipt", "message": (
@@ -148,7 +148,7 @@ def _send(blocks, keep):
     raise_for(status, answer)          # (the caller rolls the blocks back)
     for b in blocks:
         for h in b.acks:
-            h.holder._forget(h)
+            h.holder.forget(h)
         b.acks = []
 
 

@@ -151,16 +151,16 @@ class RemoteConnection(ThreadBound):
 
     def __init__(self, front, state, thread_bound=True):
         self._front = front
-        self._state = state
-        self._db = state.database
+        self.state = state
+        self.database = state.database
         if thread_bound:
             self._thread = weakref.ref(threading.current_thread())
             watch_thread_failure(threading.current_thread())
         else:
             self.thread_bound = False
             self._thread = None
-        self._holdings = {}           # receipt -> RemoteHolding, oldest delivery first
-        self._by_item = {}            # id(item) -> [RemoteHolding]
+        self.holdings = {}           # receipt -> RemoteHolding, oldest delivery first
+        self.by_item = {}            # id(item) -> [RemoteHolding]
         self._pending = []            # receipts acknowledged, riding on the next receive
         self._pending_since = None
         self._lock = threading.Lock()  # _pending, shared with the background thread
@@ -169,7 +169,7 @@ class RemoteConnection(ThreadBound):
         state.conns.add(self)
 
     def __repr__(self):
-        return f"<RemoteConnection to {self._state.name!r} at {self._db.description}>"
+        return f"<RemoteConnection to {self.state.name!r} at {self.database.description}>"
 
     def _check_thread(self):
         if self.closed:
@@ -178,7 +178,7 @@ class RemoteConnection(ThreadBound):
             raise AckQueueError(f"{self!r} belongs to another thread")
 
     def _path(self, what):
-        return self._db.queue_path(self._state.name, what)
+        return self.database.queue_path(self.state.name, what)
 
     # -- put -------------------------------------------------------------------------------
 
@@ -210,7 +210,7 @@ class RemoteConnection(ThreadBound):
         query, headers = _put_options(opts, dedup_ids[0])
         path, data = _put_request(bodies, query, headers)
         url = self._path(path) + ("?" + "&".join(query) if query else "")
-        status, doc, attempt = self._db.call("POST", url, data, headers)
+        status, doc, attempt = self.database.call("POST", url, data, headers)
         if status == 409 and attempt and dedup_ids[0] is not None:
             # A retried put with a dedup id: the cut-off attempt stored it.
             return [None] * len(bodies)
@@ -223,7 +223,7 @@ class RemoteConnection(ThreadBound):
         """(item, stored body) of each item: encoded by the queue's codec, or already
         bytes (encoded=True)."""
         if not encoded:
-            return [(item, codec.encode(item, self._state.codec)) for item in items]
+            return [(item, codec.encode(item, self.state.codec)) for item in items]
         pairs = []
         for b in items:
             if isinstance(b, (bytearray, memoryview)):
@@ -238,7 +238,7 @@ class RemoteConnection(ThreadBound):
         if maxsize <= 0:
             return
         end = None if timeout is None else time.monotonic() + timeout
-        state = self._state
+        state = self.state
         while True:
             if self._front.is_shutdown:
                 raise ShutDown
@@ -291,7 +291,7 @@ class RemoteConnection(ThreadBound):
         m = h.meta
         return Message(MessageId(h.seq), h.item, m.get("receive_count", 1),
                        m.get("sent_at"), m.get("deadline"), m.get("priority"),
-                       self._state.name, dict(m.get("attributes") or {}), None, None,
+                       self.state.name, dict(m.get("attributes") or {}), None, None,
                        h.seq, None, _holding=h)
 
     def _receive(self, block, timeout, visibility_timeout, shuffle=False, policy=None,
@@ -304,9 +304,9 @@ class RemoteConnection(ThreadBound):
             visibility_timeout = self._front.visibility_timeout
         visibility_timeout = check_visibility(visibility_timeout)
         if visibility_timeout is not None:
-            self._state.acknowledging = True
+            self.state.acknowledging = True
         end = None if timeout is None else time.monotonic() + timeout
-        front, state = self._front, self._state
+        front, state = self._front, self.state
         while True:
             if front.shutdown_immediate:
                 raise ShutDown
@@ -322,7 +322,7 @@ class RemoteConnection(ThreadBound):
             if acks:
                 query.append("ack=" + ",".join(acks))
             url = self._path("/receive?" + "&".join(query))
-            h = self._db.http()
+            h = self.database.http()
             with state.polls_lock:
                 state.polls[threading.get_ident()] = h
             try:
@@ -330,8 +330,8 @@ class RemoteConnection(ThreadBound):
                     if acks:
                         self._ack_now(acks)
                     continue
-                status, doc, _ = self._db.call("POST", url, headers={"Accept": FRAMES},
-                                               read_timeout=wait + self._db.target.wait_timeout)
+                status, doc, _ = self.database.call("POST", url, headers={"Accept": FRAMES},
+                                               read_timeout=wait + self.database.target.wait_timeout)
             except Interrupted:
                 if acks:
                     self._ack_now(acks)
@@ -358,7 +358,7 @@ class RemoteConnection(ThreadBound):
         (the queue's codec is asked of the service once, at the first pickle)."""
         if codec.kind(body) != codec.PICKLE:
             return codec.decode(body)
-        return codec.decode(body, self._front.allowed_classes, self._state.codec)
+        return codec.decode(body, self._front.allowed_classes, self.state.codec)
 
     def _hand_out(self, data, raw):
         if isinstance(data, dict):         # a JSON answer (a service without frames)
@@ -372,14 +372,14 @@ class RemoteConnection(ThreadBound):
             try:
                 item = body if raw else self._decode(body)
             except Exception as exc:
-                self._nack_receipts([meta["receipt"]], UNREADABLE_DELAY)
-                unreadable = unreadable_error(meta["id"], self._state.name, exc,
+                self.nack_receipts([meta["receipt"]], UNREADABLE_DELAY)
+                unreadable = unreadable_error(meta["id"], self.state.name, exc,
                                               UNREADABLE_DELAY)
                 log.warning("ackqueue: %s", unreadable)
                 continue
             h = RemoteHolding(meta["receipt"], meta["id"], item, meta, self)
-            self._holdings[h.receipt] = h
-            self._by_item.setdefault(id(item), []).append(h)
+            self.holdings[h.receipt] = h
+            self.by_item.setdefault(id(item), []).append(h)
             got.append(h)
         if pairs and not got:
             raise unreadable
@@ -391,7 +391,7 @@ class RemoteConnection(ThreadBound):
         self._check_thread()
         after, best = -1, None
         while True:
-            status, doc, _ = self._db.call(
+            status, doc, _ = self.database.call(
                 "GET", self._path(f"/browse?after={after}&limit=1000"))
             raise_for(status, doc)
             for m in doc["messages"]:
@@ -406,19 +406,19 @@ class RemoteConnection(ThreadBound):
         body = _restore(best["encoding"], base64.b64decode(best["body"]))
         return Message(MessageId(best["id"]), self._decode(body),
                        best["receive_count"], best["sent_at"], None, best["priority"],
-                       self._state.name, dict(best.get("attributes") or {}), None, None,
+                       self.state.name, dict(best.get("attributes") or {}), None, None,
                        best["id"], None)
 
     # -- ack, nack, visibility ------------------------------------------------------------
 
     def find(self, x):
         if isinstance(x, Message):
-            return x._holding if x.queue == self._state.name else None
-        same = self._by_item.get(id(x))
+            return x.holding if x.queue == self.state.name else None
+        same = self.by_item.get(id(x))
         if same:
             return same[0]
         if isinstance(x, MessageId):
-            for h in reversed(list(self._holdings.values())):
+            for h in reversed(list(self.holdings.values())):
                 if h.seq == x:
                     return h
         return None
@@ -427,33 +427,34 @@ class RemoteConnection(ThreadBound):
         return [self.find(x) for x in items]
 
     def oldest_unacked(self):
-        for h in self._holdings.values():
+        for h in self.holdings.values():
             return h
         return None
 
-    def _forget(self, h):
-        if self._holdings.pop(h.receipt, None) is not None:
-            same = self._by_item.get(id(h.item))
+    def forget(self, h):
+        """Stop tracking delivery h here (acknowledged or given back on the service)."""
+        if self.holdings.pop(h.receipt, None) is not None:
+            same = self.by_item.get(id(h.item))
             if same is not None:
                 if h in same:
                     same.remove(h)
                 if not same:
-                    del self._by_item[id(h.item)]
+                    del self.by_item[id(h.item)]
 
     def ack_holding(self, h):
-        self._state.acknowledging = True
-        if h.receipt not in h.holder._holdings:
+        self.state.acknowledging = True
+        if h.receipt not in h.holder.holdings:
             if h.released is not None:
                 raise StaleAck(f"{h.item!r} was given back before this ack "
                                f"({h.released}); it may be held by someone else now")
             raise NotHeld(f"{h.item!r} was acknowledged already")
         if self._block is not None:
             return self._block.ack(h)
-        if (self._db.ack_with_next_get and h.holder is self and self._thread is not None
+        if (self.database.ack_with_next_get and h.holder is self and self._thread is not None
                 and not self.closed):
             # Deferred: durable with this thread's next receive, a flush within 50 ms,
             # or close() (see README "ack_with_next_get").
-            self._forget(h)
+            self.forget(h)
             with self._lock:
                 if not self._pending:
                     self._pending_since = time.monotonic()
@@ -462,14 +463,14 @@ class RemoteConnection(ThreadBound):
         try:
             self._ack_receipts([h.receipt])
         finally:
-            h.holder._forget(h)
+            h.holder.forget(h)
 
     def ack_many_holdings(self, holdings, then=None):
         if then is not None:
             raise unsupported("ack_many(then=...), the non-blocking seam,",
                                "it serves an event loop inside the process that holds "
                                "the storage; call ack_many() from a thread instead")
-        self._state.acknowledging = True
+        self.state.acknowledging = True
         if self._block is not None:
             for h in holdings:
                 self._block.ack(h)
@@ -478,10 +479,10 @@ class RemoteConnection(ThreadBound):
             self._ack_receipts([h.receipt for h in holdings])
         finally:
             for h in holdings:
-                h.holder._forget(h)
+                h.holder.forget(h)
 
     def _ack_receipts(self, receipts):
-        status, doc, attempt = self._db.call(
+        status, doc, attempt = self.database.call(
             "POST", self._path("/ack"), json.dumps({"receipts": receipts}).encode(),
             {"Content-Type": "application/json"})
         if status in (409, 410) and attempt:
@@ -521,15 +522,17 @@ class RemoteConnection(ThreadBound):
         check_timeout(delay, "delay")
         if self._block is not None:
             raise not_in_block("nack()")
-        self._state.acknowledging = True
+        self.state.acknowledging = True
         try:
-            self._nack_receipts([h.receipt], delay)
+            self.nack_receipts([h.receipt], delay)
         finally:
             h.released = "given back with nack()"
-            h.holder._forget(h)
+            h.holder.forget(h)
 
-    def _nack_receipts(self, receipts, delay=0):
-        status, doc, _ = self._db.call(
+    def nack_receipts(self, receipts, delay=0):
+        """Give back the deliveries named by receipts on the service, visible again after
+        delay seconds (raises for an error answer)."""
+        status, doc, _ = self.database.call(
             "POST", self._path(f"/nack?delay={float(delay)!r}"),
             json.dumps({"receipts": receipts}).encode(), {"Content-Type": "application/json"})
         raise_for(status, doc)
@@ -541,32 +544,32 @@ class RemoteConnection(ThreadBound):
             raise ValueError(f"seconds must be a finite number, not {seconds!r}")
         if self._block is not None:
             raise not_in_block("change_visibility()")
-        self._state.acknowledging = True
+        self.state.acknowledging = True
         seconds = max(-1e9, min(float(seconds), 43200.0))
-        status, doc, _ = self._db.call(
+        status, doc, _ = self.database.call(
             "POST", self._path(f"/visibility?receipt={h.receipt}"
                                f"&visibility_timeout={seconds!r}"))
         try:
             raise_for(status, doc)
         except StaleAck:
-            h.holder._forget(h)
+            h.holder.forget(h)
             raise
         if seconds <= 0:
             h.released = "given back by change_visibility()"
-            h.holder._forget(h)
+            h.holder.forget(h)
 
     def give_back_all(self, why):
-        held = list(self._holdings.values())
+        held = list(self.holdings.values())
         if held:
             log.info("ackqueue: giving back %d item(s) of queue %r: %s", len(held),
-                     self._state.name, why)
+                     self.state.name, why)
             for h in held:
                 try:
-                    self._nack_receipts([h.receipt])
+                    self.nack_receipts([h.receipt])
                 except StaleAck:
                     pass
                 h.released = why
-                self._forget(h)
+                self.forget(h)
 
     # -- what the service cannot do ---------------------------------------------------------
 
@@ -574,7 +577,7 @@ class RemoteConnection(ThreadBound):
         """``with conn.transaction():``: the block's puts and acks travel as one atomic
         batch request when it ends; its gets are made at once (see remote_block)."""
         self._check_thread()
-        self._state.acknowledging = True
+        self.state.acknowledging = True
         if self._block is not None:
             raise AckQueueError("a queue transaction is already in progress in this thread "
                                 "(transaction blocks do not nest)")
@@ -586,7 +589,7 @@ class RemoteConnection(ThreadBound):
         """POST /v1/queues/NAME/redrive[?to=]: the service moves the ready dead letters."""
         self._check_thread()
         what = "/redrive" + ("" if to is None else "?to=" + urllib.parse.quote(to, safe=""))
-        status, doc, _ = self._db.call("POST", self._path(what))
+        status, doc, _ = self.database.call("POST", self._path(what))
         raise_for(status, doc)
         return doc["moved"]
 
@@ -603,4 +606,4 @@ class RemoteConnection(ThreadBound):
 
 
 def _pickled(item):
-    return codec._pickle(item)
+    return codec.pickle_item(item)

@@ -93,7 +93,7 @@ class RemoteDatabase:
         if repair:
             raise ValueError("repair=True applies to a queue file (path=); repair the "
                              "service's file where it runs")
-        if front._clock is not time.time:
+        if front.clock is not time.time:
             raise ValueError("clock= cannot travel to a queue service: deadlines, delays, "
                              "retention and dedup windows run on the service's own clock "
                              "(time.time where ackqueue serve runs); test with a fake "
@@ -139,8 +139,8 @@ class RemoteDatabase:
             self.client = self.target.access.client_id(client_id())
             if self.state_ is not None:
                 for conn in list(self.state_.conns):
-                    conn._holdings.clear()
-                    conn._by_item.clear()
+                    conn.holdings.clear()
+                    conn.by_item.clear()
                     conn._pending = []
             self._pid = os.getpid()
         self._start()
@@ -267,7 +267,9 @@ class RemoteDatabase:
             except Exception as exc:          # the service away: the next tick tries again
                 log.debug("ackqueue remote: background pass failed: %r", exc)
 
-    def _release(self):
+    def release(self):
+        """The front closes: stop the background thread, and end the lease with this
+        process's last queue of this service."""
         if self.closed:
             return
         self.closed = True
@@ -311,7 +313,7 @@ class _WakingCondition(threading.Condition):
         super().notify_all()
 
 class RemoteState:
-    """What the front asks of self._state, answered by the service."""
+    """What the front asks of self.state, answered by the service."""
 
     def __init__(self, database, name, codec_name, allowed):
         self.database = database
@@ -435,9 +437,9 @@ class RemoteState:
             if thread is not None and thread.is_alive():
                 continue
             conn.flush_acks()
-            if conn._holdings and (self.acknowledging or conn.ended_by_exception()):
+            if conn.holdings and (self.acknowledging or conn.ended_by_exception()):
                 conn.give_back_all("its thread ended")
                 conn.closed = True
-            elif not conn._holdings:
+            elif not conn.holdings:
                 conn.closed = True
 

@@ -274,7 +274,7 @@ class Service:
         for q in list(self.queues.values()):
             q.close()
         self.queues.clear()
-        self._handle._release()
+        self._handle.release()
 
 
 def take_now(cc, n, vt, policy, shuffle=False):

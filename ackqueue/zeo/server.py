@@ -30,7 +30,7 @@ from ZEO.StorageServer import StorageServer
 from ZODB.POSException import POSKeyError
 
 from ..errors import QueueLocked
-from ..filestorage import _lock_holder, lock_holder, note_holder, open_file_storage
+from ..filestorage import pid_note, lock_holder, note_holder, open_file_storage
 
 __all__ = ["serve", "parse_listen", "DEFAULT_PORT"]
 
@@ -182,7 +182,7 @@ def serve(path, host="127.0.0.1", port=DEFAULT_PORT, *, durability="fsync", tls=
         if lock_holder(path)[1] is not None:
             raise                   # it names the server or service that holds the file
         raise QueueLocked(
-            f"queue file {path!r} is already open in another process{_lock_holder(path)}: "
+            f"queue file {path!r} is already open in another process{pid_note(path)}: "
             "if that is an ackqueue server, clients reach the queue at its address "
             "(zeo://HOST:PORT); to serve the file from here, stop that process first"
         ) from None
