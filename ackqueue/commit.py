@@ -49,12 +49,14 @@ import threading
 import time
 
 import transaction
+from zope.interface import implementer
 from ZEO.Exceptions import ClientDisconnected
 from ZODB.POSException import ConflictError
 
 from .errors import Refused, ServerUnavailable
 from .segments import write_alone
 from .store import apply_unit
+from .interfaces import ITicket
 
 __all__ = ["Committer", "Ticket", "CommitterClosed", "settling"]
 
@@ -124,6 +126,7 @@ class _Done:
         return self._set
 
 
+@implementer(ITicket)
 class Ticket:
     """One unit of operations on its way to the store.
 

@@ -25,6 +25,7 @@ import threading
 import weakref
 
 import transaction
+from zope.interface import implementer
 from ZODB.Connection import Connection as _ZODBConnection
 
 from . import codec, deferred, store
@@ -33,6 +34,7 @@ from .errors import (AckQueueError, DuplicateMessage, ItemTooLarge, NotHeld, Sta
 from .pack_rereads import read_fresh
 from .message import Message, MessageId
 from .state import DEFAULT_PUT, Ask, MessageMissing, Meta, check_timeout
+from .interfaces import IQueueConnection
 
 log = logging.getLogger(__name__)
 
@@ -399,6 +401,7 @@ class ThreadBound:
         return self._thread is not None and self._thread() is thread
 
 
+@implementer(IQueueConnection)
 class QueueConnection(ThreadBound):
     """One thread's handle on a queue: get, put, ack, nack, get_message, transaction, close.
 

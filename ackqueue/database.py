@@ -27,6 +27,7 @@ import threading
 from time import monotonic as _monotonic
 
 import transaction
+from zope.interface import implementer
 import ZODB
 from ZODB.FileStorage import FileStorage
 from ZODB.MappingStorage import MappingStorage
@@ -41,6 +42,7 @@ from .filestorage import check_durability, open_file_storage
 from .lease import DEFAULT_LEASE_TIMEOUT, LeaseKeeper
 from .state import QueueState
 from .zeo.client import open_zeo, parse_zeo_url, prefetch
+from .interfaces import IDatabase
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ _registry = {}                    # key -> Database
 _registry_lock = threading.Lock()
 
 
+@implementer(IDatabase)
 class Database:
     """A ZODB database as ackqueue uses it: the DB, its committer, and live queue states."""
 

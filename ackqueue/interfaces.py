@@ -27,10 +27,208 @@ thread's death or by its process's death).  A delivery is named by a ``Holding``
 """
 from zope.interface import Attribute, Interface
 
-__all__ = ["IQueueState", "IArbiter"]
+__all__ = ["IQueueFront", "IDatabase", "IProxy", "IQueueConnection", "IRemoteConnection",
+           "IFrontState", "IQueueState", "IArbiter", "ILocalArbiter", "ISharedArbiter",
+           "ITicket"]
 
 
-class IQueueState(Interface):
+class IQueueFront(Interface):
+    """What other layers need of a front (ackqueue.queue.AckQueue and its subclasses),
+    beyond queue.Queue's own API (put, get, task_done, join, qsize, ...)."""
+
+    name = Attribute("The queue's name in its storage.")
+    kind = Attribute("How the queue orders its messages, as stored: fifo, lifo or value.")
+    clock = Attribute("The wall clock of the queue's deadlines, delays and retention.")
+    state = Attribute("The queue's live state in this process (IFrontState).")
+    database = Attribute("The runtime of the queue's storage (IDatabase).")
+    mutex = Attribute("queue.Queue's name for the state's mutex.")
+    not_empty = Attribute("queue.Queue's condition, the state's.")
+    not_full = Attribute("queue.Queue's condition, the state's.")
+    all_tasks_done = Attribute("queue.Queue's condition, the state's.")
+
+    def put(item, block=True, timeout=None):
+        """queue.Queue.put, durable once it returns."""
+
+    def get(block=True, timeout=None):
+        """queue.Queue.get: the item is in flight until acknowledged."""
+
+    def connect(*, thread_bound=True):
+        """A new proxy (IProxy) for the calling thread, or for no thread."""
+
+    def close():
+        """Close this front (its database reference is released)."""
+
+
+class IDatabase(Interface):
+    """The runtime of one storage, as a front opens it: ackqueue.database.Database (a
+    file, memory, a server, an application's DB) or ackqueue.remote.database.RemoteDatabase
+    (the queue service)."""
+
+    exclusive = Attribute("Whether this process holds the storage alone.")
+    owned = Attribute("Whether this runtime opened the storage (so it closes it).")
+    closed = Attribute("Whether the last reference was released.")
+    description = Attribute("Where the storage is, for messages (a file, a URL).")
+    proxy_class = Attribute(
+        "The front's per-thread proxy class (IProxy), called as proxy_class(front, state, "
+        "thread_bound=True): QueueConnection over ZODB, RemoteConnection over the service.")
+
+    def state(name, kind, clock, codec, allowed):
+        """The live state (IFrontState) of queue name, made on first use; kind and codec
+        (None: the stored one) are checked against the stored queue."""
+
+    def release():
+        """Give back one reference; the last one closes the runtime."""
+
+    def enable_autopack(threshold):
+        """Pack whenever the storage grew by threshold bytes (NotSupported where the
+        storage is packed elsewhere)."""
+
+
+class IProxy(Interface):
+    """One thread's handle on a queue (or one belonging to no thread), as the front uses
+    it: ackqueue.connection.QueueConnection, ackqueue.remote.connection.RemoteConnection."""
+
+    closed = Attribute("Whether the proxy was closed (a closed one is replaced).")
+    thread_bound = Attribute("Whether the proxy belongs to the thread that made it.")
+
+    def put(item, block=True, timeout=None):
+        """Put one item (durable on return)."""
+
+    def put_many(items):
+        """Put items in one commit (or one request)."""
+
+    def get(block=True, timeout=None):
+        """Receive one item (in flight until acknowledged)."""
+
+    def get_message(block=True, timeout=None):
+        """Receive one Message."""
+
+    def get_many(n, block=True, timeout=None):
+        """Receive up to n items."""
+
+    def find(x):
+        """The live-or-recent delivery x names (a Message, an item got, a MessageId)."""
+
+    def find_many(xs):
+        """find for each of xs."""
+
+    def ack_holding(holding):
+        """Acknowledge one delivery."""
+
+    def ack_many_holdings(holdings, then=None):
+        """Acknowledge deliveries, all or none."""
+
+    def nack_holding(holding, delay=0.0):
+        """Give one delivery back (after delay seconds)."""
+
+    def change_visibility_holding(holding, seconds):
+        """A new visibility deadline for one delivery."""
+
+    def peek():
+        """The Message the next get would receive, or None."""
+
+    def oldest_unacked():
+        """The oldest delivery this proxy holds, or None."""
+
+    def redrive(to=None):
+        """Move dead letters back; how many."""
+
+    def transaction():
+        """A block of puts, gets and acks committed together."""
+
+    def owned_by(thread):
+        """Whether this proxy belongs to thread."""
+
+    def alive():
+        """Whether its thread (or, for a proxy of no thread, the proxy) is still alive."""
+
+    def close():
+        """Give back what it still holds and close."""
+
+
+class IQueueConnection(IProxy):
+    """The proxy over ZODB (ackqueue.connection.QueueConnection)."""
+
+    def load_meta(seq):
+        """Read message seq that is not in memory (the state's mutex held)."""
+
+
+class IRemoteConnection(IProxy):
+    """The proxy over the queue service (ackqueue.remote.connection.RemoteConnection);
+    ackqueue.remote.block and ackqueue.remote.database use what follows."""
+
+    database = Attribute("Its RemoteDatabase (IDatabase).")
+    state = Attribute("Its RemoteState (IFrontState).")
+    holdings = Attribute("receipt -> RemoteHolding of the deliveries it holds, oldest first.")
+    by_item = Attribute("id(item) -> the RemoteHolding (or list of them) of an item got.")
+
+    def nack_receipts(receipts, delay=0):
+        """Give back on the service the deliveries receipts name."""
+
+    def forget(holding):
+        """Stop tracking a delivery (acknowledged or given back on the service)."""
+
+    def flush_acks(older_than=None):
+        """Send the acks riding on the next receive (ack_with_next_get)."""
+
+    def give_back_all(why):
+        """Give back everything this proxy holds."""
+
+
+class IFrontState(Interface):
+    """What a front asks of the live state of its queue, local (IQueueState) or remote
+    (ackqueue.remote.database.RemoteState)."""
+
+    name = Attribute("The queue's name in its storage.")
+    kind = Attribute("store.FIFO, store.LIFO or store.VALUE (ordered by item value).")
+    codec = Attribute("The queue's codec (ackqueue.codec).")
+    mutex = Attribute("The one lock of this queue in this process.")
+    not_empty = Attribute("queue.Queue's condition on the mutex.")
+    not_full = Attribute("queue.Queue's condition on the mutex.")
+    all_tasks_done = Attribute("queue.Queue's condition on the mutex.")
+    acknowledging = Attribute("Whether this process acknowledges on this queue.")
+
+    def ready_count():
+        """Ready messages (qsize)."""
+
+    def size_for_maxsize():
+        """What maxsize counts (ready plus delayed)."""
+
+    def unfinished():
+        """Messages put and not yet acknowledged (join)."""
+
+    def counts():
+        """{"ready", "in_flight", "delayed"}."""
+
+    def totals():
+        """The queue's lifetime totals."""
+
+    def purge():
+        """Remove every message; how many."""
+
+    def next_ready_at():
+        """When the next delayed or in-flight message becomes ready, or None."""
+
+    def add_listener(callback):
+        """Call callback(queue name) whenever a message may have become ready."""
+
+    def browse():
+        """Iterate every message, changing nothing."""
+
+    def drop_expired():
+        """Take out waiting messages past their retention."""
+
+    def record_codec(codec=None):
+        """(the codec, whether it is recorded), recording codec if none is."""
+
+    def dedup_lookup(dedup_id):
+        """The id of the message a dedup id put, or None."""
+
+    def expire_due():
+        """Give back what is due (deadlines passed)."""
+
+
+class IQueueState(IFrontState):
     """The live state of one named queue in this process (ackqueue.state.QueueState)."""
 
     name = Attribute("The queue's name in its storage.")
@@ -102,6 +300,19 @@ class IQueueState(Interface):
 
     def give_back_all(holder, why):
         """Give back everything holder holds (its thread ended, its proxy closed)."""
+
+    def give_back_held(holding, why, delay=0.0):
+        """give_back for a delivery known to be current (mutex held)."""
+
+    def forget_holding(holding):
+        """Take a delivery out of its holder's table (mutex held; the caller takes it out
+        of the in-flight table)."""
+
+    def set_deadline(holding, deadline):
+        """Record a delivery's new visibility deadline here (mutex held)."""
+
+    def drop(holdings, why):
+        """Forget deliveries the store no longer has in flight for us."""
 
     def change_visibility(holding, seconds):
         """A new deadline seconds from now; seconds <= 0 gives it back now."""
@@ -233,11 +444,40 @@ class IArbiter(Interface):
     def redrive(to, load_meta):
         """Move ready dead letters back to their queues (or to ``to``); how many moved."""
 
-    def sweep():
-        """Take out messages past their retention and forget passed dedup ids."""
-
     def stop():
         """The queue is closing in this process (before the reaper stops)."""
 
     def close():
         """After the reaper stopped: release what the arbiter holds."""
+
+
+class ILocalArbiter(IArbiter):
+    """ackqueue.arbiters.local.LocalArbiter, which durable holds (ackqueue.holds) move
+    messages through."""
+
+    def moved_key(meta, seq):
+        """The memory key, in this queue, of a message moved here as seq."""
+
+
+class ISharedArbiter(IArbiter):
+    """ackqueue.arbiters.shared.SharedArbiter, whose reads ackqueue.pack_rereads repeats."""
+
+    def abort_reads():
+        """End the read connection's snapshot: the next read sees a fresh one."""
+
+
+class ITicket(Interface):
+    """A commit handed to the committer (ackqueue.commit.Ticket)."""
+
+    ops = Attribute("The store operations it commits, as one unit.")
+    error = Attribute("None, or the error that prevented the commit.")
+    uncertain = Attribute("Whether an earlier attempt was cut off by a lost connection.")
+
+    def wait(timeout=None):
+        """Return True after a durable commit (False at timeout), or raise its error."""
+
+    def finished():
+        """Whether the outcome is known."""
+
+    def wait_finished():
+        """Wait until the outcome is known, without raising its error."""

@@ -27,12 +27,14 @@ import time
 import weakref
 
 import transaction
+from zope.interface import implementer
 
 from . import deferred, store
 from .connection import check_visibility
 from .codec import allowed_set, check_codec
 from .database import open_database
 from .errors import CodecMismatch, NotHeld, QueueKindMismatch
+from .interfaces import IQueueFront
 from .message import Message
 from .remote.database import RemoteDatabase, check_ack_with_next_get, is_url
 from .state import DeadLetterPolicy, PutOptions
@@ -179,6 +181,7 @@ def _max_receives(value):
 _released = operator.attrgetter("released")     # why a delivery ended (None: it is live)
 
 
+@implementer(IQueueFront)
 class AckQueue(_stdlib_queue.Queue):
     """A persistent, acknowledging FIFO queue with queue.Queue's interface.
 

@@ -21,7 +21,7 @@ from BTrees.LLBTree import LLTreeSet
 from zope.interface import implementer
 
 from .. import codec, holds, store
-from ..interfaces import IArbiter
+from ..interfaces import ILocalArbiter
 from ..state import DEAD, EXPIRED, DEFAULT_PUT, MessageMissing, Meta, verdict
 
 __all__ = ["LocalArbiter"]
@@ -226,7 +226,7 @@ def _delivery(h):
     return (h.receive_count, h.meta.first_received, h.meta.last_received)
 
 
-@implementer(IArbiter)
+@implementer(ILocalArbiter)
 class LocalArbiter:
     """This process holds the storage alone (see the module docstring)."""
 

@@ -58,7 +58,7 @@ from zope.interface import implementer
 
 from .. import expiry, store
 from ..pack_rereads import fresh_reads
-from ..interfaces import IArbiter
+from ..interfaces import ISharedArbiter
 from .local import ValueOrder, loads_or_none
 from ..state import DEAD, EXPIRED, DEFAULT_PUT, Meta, verdict
 
@@ -136,7 +136,7 @@ def _terms(ask):
             None if policy is None else (policy.max_receives, policy.target))
 
 
-@implementer(IArbiter)
+@implementer(ISharedArbiter)
 class SharedArbiter:
     """One named queue shared through a server (see the module docstring)."""
 

@@ -40,6 +40,7 @@ import urllib.parse
 import uuid
 import weakref
 
+from zope.interface import implementer
 from .. import codec, store
 from ..connection import (ThreadBound, check_item_sizes, check_visibility, check_wait,
                           watch_thread_failure)
@@ -49,6 +50,7 @@ from ..message import Message, MessageId
 from ..state import check_timeout
 from .block import RemoteBlock, not_in_block
 from .http import Interrupted, raise_for, unsupported
+from ..interfaces import IRemoteConnection
 
 __all__ = ["RemoteConnection", "RemoteHolding"]
 
@@ -144,6 +146,7 @@ class RemoteHolding:
         self.released = None
 
 
+@implementer(IRemoteConnection)
 class RemoteConnection(ThreadBound):
     """One thread's handle on a remote queue: the front's proxy (see QueueConnection)."""
 

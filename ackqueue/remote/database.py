@@ -26,11 +26,13 @@ import time
 import uuid
 import weakref
 
+from zope.interface import implementer
 from .. import codec, store
 from ..errors import AckQueueError
 from . import access
 from .connection import POLL_INTERVAL, RemoteConnection
 from .http import ServiceHttp, Target, raise_for, unsupported
+from ..interfaces import IDatabase, IFrontState
 
 __all__ = ["is_url", "RemoteDatabase", "RemoteState", "client_id",
            "check_ack_with_next_get"]
@@ -77,6 +79,7 @@ _open_count = {}
 
 
 
+@implementer(IDatabase)
 class RemoteDatabase:
     """The front's self._database for a queue service URL."""
 
@@ -312,6 +315,7 @@ class _WakingCondition(threading.Condition):
         self._on_notify()
         super().notify_all()
 
+@implementer(IFrontState)
 class RemoteState:
     """What the front asks of self.state, answered by the service."""
 
