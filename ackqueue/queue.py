@@ -57,6 +57,18 @@ def _kind(kind, lifo):
     return kind
 
 
+def _check_basics(maxsize, name, thread_exit, clock):
+    """The types of AckQueue's plainest arguments (TypeError, ValueError)."""
+    if isinstance(maxsize, bool) or not isinstance(maxsize, int):
+        raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
+    if not isinstance(name, str) or not name:
+        raise TypeError("name must be a non-empty str")
+    if thread_exit not in ("auto", "give_back"):
+        raise ValueError("thread_exit must be 'auto' or 'give_back'")
+    if clock is not None and not callable(clock):
+        raise TypeError("clock must be a callable returning seconds")
+
+
 def _prefetch(value, path, kind):
     """A valid prefetch= argument (an int, at least 1; above 1 for a FIFO queue shared
     through a server: checked here, and against the opened storage by AckQueue)."""
@@ -268,15 +280,8 @@ class AckQueue(_stdlib_queue.Queue):
                  dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None,
                  repair=False, codec=None, allowed_classes=None, ack_with_next_get=False,
                  acks=None, prefetch=1, prefetch_wait=0.0):
-        if isinstance(maxsize, bool) or not isinstance(maxsize, int):
-            raise TypeError(f"maxsize must be an int, not {type(maxsize).__name__}")
-        if not isinstance(name, str) or not name:
-            raise TypeError("name must be a non-empty str")
+        _check_basics(maxsize, name, thread_exit, clock)
         self.visibility_timeout = check_visibility(visibility_timeout)
-        if thread_exit not in ("auto", "give_back"):
-            raise ValueError("thread_exit must be 'auto' or 'give_back'")
-        if clock is not None and not callable(clock):
-            raise TypeError("clock must be a callable returning seconds")
         kind = _kind(self._kind, lifo)
         self.max_receives = _max_receives(max_receives)
         self.dead_letter = _dead_letter(dead_letter, name)
@@ -299,13 +304,7 @@ class AckQueue(_stdlib_queue.Queue):
         self._connections = weakref.WeakSet()
         self._clock = clock = clock or time.time
         through_service = is_url(path)
-        self.ack_with_next_get = check_ack_with_next_get(ack_with_next_get)
-        self.acks = deferred.check_acks(acks, through_service, self.ack_with_next_get)
-        # The longest a deferred ack waits for a commit to ride on (None: the committer's
-        # few ms); through a server, ack_with_next_get waits for the next get's claim.
-        self.ack_window = None
-        if self.ack_with_next_get and not through_service:
-            self.acks, self.ack_window = "deferred", deferred.NEXT_GET_WINDOW
+        self._set_acks(acks, ack_with_next_get, through_service)
         self.prefetch = _prefetch(prefetch, path, kind)
         self.prefetch_wait = _prefetch_wait(prefetch_wait, self.prefetch)
         self._database = (RemoteDatabase(self, path, db, durability, repair)
@@ -315,18 +314,8 @@ class AckQueue(_stdlib_queue.Queue):
         self._proxy_class = self._database.proxy_class
         try:
             self._state = self._open_state(name, kind, clock, codec)
-            if self.prefetch > 1 and self._database.exclusive:
-                raise ValueError(
-                    "prefetch applies to a queue shared through a server (zeo://): this "
-                    "process holds this storage alone, so its gets make no round trips "
-                    "to save")
-            if self.ack_window is not None and self._database.exclusive:
-                raise ValueError(
-                    "ack_with_next_get=True applies to a queue shared with other "
-                    "processes, through the queue service (path='http://...') or a server "
-                    "(path='zeo://...'): this process holds this storage alone, where an "
-                    "ack is one local commit (acks='deferred' lets it return before even "
-                    "that)")
+            if self._database.exclusive:
+                self._check_alone()
             self._policy = self._dead_letter_policy(self.max_receives, self.dead_letter)
             if autopack is not None:
                 self._database.enable_autopack(autopack)
@@ -341,6 +330,32 @@ class AckQueue(_stdlib_queue.Queue):
         self.not_empty = self._state.not_empty
         self.not_full = self._state.not_full
         self.all_tasks_done = self._state.all_tasks_done
+
+    def _set_acks(self, acks, ack_with_next_get, through_service):
+        """acks, ack_with_next_get and the ack window, checked against each other."""
+        self.ack_with_next_get = check_ack_with_next_get(ack_with_next_get)
+        self.acks = deferred.check_acks(acks, through_service, self.ack_with_next_get)
+        # The longest a deferred ack waits for a commit to ride on (None: the committer's
+        # few ms); through a server, ack_with_next_get waits for the next get's claim.
+        self.ack_window = None
+        if self.ack_with_next_get and not through_service:
+            self.acks, self.ack_window = "deferred", deferred.NEXT_GET_WINDOW
+
+    def _check_alone(self):
+        """Refuse the options that only mean something when processes share the storage,
+        on a storage this process holds alone."""
+        if self.prefetch > 1:
+            raise ValueError(
+                "prefetch applies to a queue shared through a server (zeo://): this "
+                "process holds this storage alone, so its gets make no round trips "
+                "to save")
+        if self.ack_window is not None:
+            raise ValueError(
+                "ack_with_next_get=True applies to a queue shared with other "
+                "processes, through the queue service (path='http://...') or a server "
+                "(path='zeo://...'): this process holds this storage alone, where an "
+                "ack is one local commit (acks='deferred' lets it return before even "
+                "that)")
 
     def _open_state(self, name, kind, clock, codec):
         """The queue's live state in this process, checked against this front's class and

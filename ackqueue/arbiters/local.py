@@ -226,6 +226,23 @@ def _delivery(h):
     return (h.receive_count, h.meta.first_received, h.meta.last_received)
 
 
+def _seqs_of_keys(kind, keys):
+    """The sequence numbers of ready keys (store.seq_of_key for a whole batch at once)."""
+    mask = store.SEQ_MASK
+    if kind == store.FIFO:
+        return [key & mask for key in keys]
+    if kind == store.LIFO:
+        return [mask - (key & mask) for key in keys]
+    return [key[-1] for key in keys]
+
+
+def _hold_run(state, ask, seqs, keys, metas, now):
+    """Hold the messages a run took (seqs, their memory keys and Metas) for ask."""
+    vt = ask.visibility_timeout
+    return state.hold_many(seqs, keys, keys if state.kind != store.VALUE else seqs, metas,
+                           ask.holder, None if vt is None else now + vt)
+
+
 @implementer(ILocalArbiter)
 class LocalArbiter:
     """This process holds the storage alone (see the module docstring)."""
@@ -503,13 +520,7 @@ class LocalArbiter:
         now = state.clock()
         kind = state.kind
         keys = ready.pop_many(count)
-        mask = store.SEQ_MASK
-        if kind == store.FIFO:
-            seqs = [key & mask for key in keys]
-        elif kind == store.LIFO:
-            seqs = [mask - (key & mask) for key in keys]
-        else:
-            seqs = [key[-1] for key in keys]
+        seqs = _seqs_of_keys(kind, keys)
         metas, fresh_bytes, taken, interrupted = [], 0, len(keys), None
         for i, seq in enumerate(seqs):
             meta = cache.pop(seq, None)
@@ -551,9 +562,7 @@ class LocalArbiter:
         if metas:
             if taken < len(keys):
                 seqs, keys = seqs[:taken], keys[:taken]
-            vt = ask.visibility_timeout
-            got.extend(state.hold_many(seqs, keys, keys if kind != store.VALUE else seqs,
-                                       metas, ask.holder, None if vt is None else now + vt))
+            got.extend(_hold_run(state, ask, seqs, keys, metas, now))
         if interrupted is not None:
             raise interrupted                 # take() gives back everything it got
 
