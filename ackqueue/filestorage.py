@@ -33,6 +33,9 @@ AHEAD = 1 << 20         # bytes of zeros a synced queue file keeps written past 
 KNOWN_TIDS = 4096       # objects whose last record's tid a queue file's storage keeps
 SETTLE_NS = 100_000_000     # a directory unchanged this long shows any later change
 COARSE_SETTLE_NS = 2_100_000_000    # the same where times are whole seconds (FAT: 2 s)
+# Where ``ackqueue serve FILE`` listens by default: the way to share a file between
+# processes that a process refused the file is told of (ackqueue.service's DEFAULT_PORT).
+SHARING_URL = "http://127.0.0.1:8080"
 
 
 DURABILITIES = ("fsync", "os")
@@ -696,10 +699,10 @@ def _locked_error(path):
             f"{held}: ackqueue serve, the queue service, serves it at {url}. Open its "
             f"queues there, as AckQueue(path={url!r}, name=...) or ackqueue ls {url}")
     return QueueLocked(
-        f"{held}. A queue file can be used by one process at a time; to share a queue "
-        f"between processes, serve the file (ackqueue serve {path}) and open it as "
-        "AckQueue(path='http://127.0.0.1:8080'), or share it through ZEO (ackqueue server "
-        f"{path}) as AckQueue(path='zeo://HOST:PORT')")
+        f"{held}. A queue file is open in one process at a time; to share its queues "
+        f"between processes, serve it with the queue service (ackqueue serve {path}, "
+        f"listening on {SHARING_URL}) and open them in every process as "
+        f"AckQueue(path={SHARING_URL!r}, name=...)")
 
 
 def _check_tail(path, repair=False):

@@ -108,6 +108,32 @@ def test_a_file_the_service_holds_is_refused_naming_ackqueue_serve_and_its_url(
         kill(holder)
 
 
+def test_a_file_a_plain_process_holds_is_refused_naming_the_service_as_the_way_to_share(
+        tmp_path):
+    """A second process refused a file held by a program (not a server) is told the way
+    README recommends for sharing a file between processes: ackqueue serve FILE, and
+    AckQueue(path="http://127.0.0.1:8080", ...) in every process; not ZEO."""
+    from ackqueue.filestorage import SHARING_URL
+    from ackqueue.service.server import DEFAULT_PORT
+    assert SHARING_URL == f"http://127.0.0.1:{DEFAULT_PORT}"
+    path = tmp_path / "q.fs"
+    holder = spawn(HOLDER, path)
+    try:
+        assert read_line(holder) == "open"
+        with pytest.raises(QueueLocked) as info:
+            AckQueue(path=str(path))
+        text = str(info.value)
+        assert f"pid {holder.pid}" in text, text
+        assert f"ackqueue serve {path}" in text, text
+        assert f"AckQueue(path='{SHARING_URL}', name=...)" in text, text
+        assert "ackqueue server" not in text and "zeo://" not in text, text
+        line = one_line_error(run("ls", path), 1)
+        assert f"ackqueue serve {path}" in line and SHARING_URL in line, line
+        assert "ackqueue server" not in line and "zeo://" not in line, line
+    finally:
+        kill(holder)
+
+
 def test_a_file_a_zeo_server_holds_is_refused_naming_its_url(server):
     with pytest.raises(QueueLocked) as info:
         AckQueue(path=server.path)

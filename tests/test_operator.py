@@ -147,7 +147,8 @@ def test_a_file_another_process_holds_is_refused_with_how_to_reach_it(tmp_path):
         assert read_line(holder) == "open"
         for args in (["ls", path], ["put", path, "jobs", "y"], ["pack", path]):
             line = one_line_error(run(*args), 1)
-            assert "already open in another process" in line and "ackqueue server" in line
+            assert "already open in another process" in line and "ackqueue serve" in line
+            assert "ackqueue server" not in line and "zeo://" not in line, line
         assert ok("check", path).stdout.strip().endswith("ok: no damage found")
     finally:
         kill(holder)
