@@ -2,7 +2,7 @@
 HTTP body, each as a 4-byte big-endian length and its bytes, so message bodies travel as
 raw bytes, with no base64 inflation.
 
-One copy for the service (service/http.py), the remote drop-in (remote.py) and the Spark
+One copy for the service (service/http.py), the remote drop-in (ackqueue.remote) and the Spark
 client (spark/client.py); it imports nothing but struct, so Spark's Python workers and a
 plain ``pip install ackqueue`` can use it without the service's aiohttp.
 """

@@ -120,7 +120,7 @@ def check_keep_seconds(keep_seconds):
 
 
 def _pack(database, keep_seconds):
-    with database.pack_lock:           # one pack at a time per Database (see storage.py)
+    with database.pack_lock:           # one pack at a time per Database (see ackqueue.database)
         if database.closed:
             raise StorageError(f"cannot pack {database.description}: it is closed")
         storage = database.db.storage
@@ -156,7 +156,7 @@ def _pack_storage(storage, t):
 
 def _file_size(storage):
     """Bytes of data in the file: a FileStorage's (where its last commit ends: a synced
-    queue file keeps zeros written past it, storage.SyncedFileStorage), the server's (as
+    queue file keeps zeros written past it, filestorage.SyncedFileStorage), the server's (as
     it last reported), or None (memory, or another kind of storage)."""
     if isinstance(storage, FileStorage):
         return storage.getSize()
@@ -236,7 +236,7 @@ def enable_autopack(database, threshold, *, interval=None, keep_seconds=None):
         interval = _check_interval(interval)
     if keep_seconds is not None:
         keep_seconds = check_keep_seconds(keep_seconds)
-    with database.lock:     # against a concurrent close (Database._release stops the packer)
+    with database.lock:     # against a concurrent close (Database.release stops the packer)
         if database.closed:
             raise StorageError(f"cannot enable autopack: {database.description} is closed")
         packer = database.autopacker

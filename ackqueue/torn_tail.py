@@ -172,7 +172,7 @@ def check_tail(path, repair=False):
     file is cut there too.  Returns the name of the file keeping the cut bytes, or None.
 
     Zeros alone after the last whole transaction are cut without being kept: they are
-    the space a synced queue file writes ahead of its commits (storage.SyncedFileStorage),
+    the space a synced queue file writes ahead of its commits (filestorage.SyncedFileStorage),
     left by a process that did not close the file, and hold nothing."""
     with open(path, "r+b") as f:
         size, pos, why, after = _scan(path, f)

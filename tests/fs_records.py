@@ -11,7 +11,7 @@ from ackqueue.torn_tail import check_tail
 
 def data_size(path):
     """The size of the file at path without the zeros a synced queue file keeps written
-    ahead of its commits while it is open (storage.SyncedFileStorage): where its last
+    ahead of its commits while it is open (filestorage.SyncedFileStorage): where its last
     transaction ends (each ends with its length, never zero)."""
     with open(path, "rb") as f:
         data = f.read()

@@ -871,7 +871,7 @@ FULL_DISK_CHILD = """
 
     _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     # 500 bytes past where the data ends (the file holds zeros written ahead after that:
-    # storage.SyncedFileStorage; each transaction ends with its length, never zero).
+    # filestorage.SyncedFileStorage; each transaction ends with its length, never zero).
     data_end = len(open(path, "rb").read().rstrip(b"\\0"))
     resource.setrlimit(resource.RLIMIT_FSIZE, (data_end + 500, hard))
 

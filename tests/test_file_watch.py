@@ -1,5 +1,5 @@
 """The queue file's storage stats its file only when the file's directory changed
-(storage.WatchedFileStorage): every way of taking the file away from its path changes the
+(filestorage.WatchedFileStorage): every way of taking the file away from its path changes the
 directory, and each must still refuse the next commit.  Real files and transactions; the
 storage's wall clock is moved a second ahead so that directory stamps count as settled
 (a stamp younger than SETTLE_NS is never trusted), instead of sleeping."""

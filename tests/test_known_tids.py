@@ -1,5 +1,5 @@
 """A queue file's storage takes the transaction id of an object's last record from what it
-committed itself instead of reading it back (storage.KnownTidsFileStorage).  Conflicts
+committed itself instead of reading it back (filestorage.KnownTidsFileStorage).  Conflicts
 must still be seen, and a pack, which gives the file's positions to other records, must
 not leave an id behind that the file no longer holds.  Real FileStorage files, real
 transactions; the one instrument is a count of the headers store() reads."""
@@ -184,7 +184,7 @@ def test_a_queue_file_round_trips_through_the_table(tmp_path):
 
 
 def test_the_file_is_written_unbuffered_and_stays_so_after_a_pack(tmp_path):
-    # The vote and the finish write with pwrite (storage.MemoryScratchFileStorage): no
+    # The vote and the finish write with pwrite (filestorage.MemoryScratchFileStorage): no
     # buffer may hold bytes of the file that a later commit writes, a pack's too.
     storage, db = _open(tmp_path / "q.fs")
     assert isinstance(storage._file, io.FileIO)

@@ -1,4 +1,4 @@
-"""The queue file's commits gather their records in memory (storage.MemoryScratchFileStorage):
+"""The queue file's commits gather their records in memory (filestorage.MemoryScratchFileStorage):
 what they write must be the FileStorage file that FileStorage itself would write."""
 import os
 

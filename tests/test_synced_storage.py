@@ -1,4 +1,4 @@
-"""A synced queue file (durability="fsync", storage.SyncedFileStorage) writes its commits
+"""A synced queue file (durability="fsync", filestorage.SyncedFileStorage) writes its commits
 into zeros written ahead of them and syncs them with fdatasync.  The zeros are never data:
 closing cuts them, the next open after a crash cuts them without keeping a torn copy,
 `ackqueue check` does not call them damage, FileStorage's readers never read them where a

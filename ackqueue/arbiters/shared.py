@@ -270,7 +270,7 @@ class SharedArbiter:
         return [None] * count           # the store numbers them at commit
 
     def new_message(self, seq, item, body, now, opts=DEFAULT_PUT, dedup_id=None):
-        self.database.last_put_at = monotonic()     # keeps its objects warm (storage.py)
+        self.database.last_put_at = monotonic()     # keeps its objects warm (ackqueue.database)
         op = store.Put(self.name, None, None, body, opts.priority, now,
                        now + opts.delay if opts.delay else None, now + opts.retention,
                        opts.attributes, dedup_id,

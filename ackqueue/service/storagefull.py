@@ -3,7 +3,7 @@ line per interval rather than a traceback per request.
 
 A commit that does not fit raises the OSError of the write that failed: ENOSPC (the file
 system is full), EDQUOT (a quota) or EFBIG (the process's file size limit,
-RLIMIT_FSIZE); the storage cuts the transaction off the file (storage.py), so nothing of
+RLIMIT_FSIZE); the storage cuts the transaction off the file (ackqueue.filestorage), so nothing of
 that commit is kept and the queues stay usable.  Nothing is wrong with the request: the
 native and Sasquatch APIs answer 503 ``StorageFull`` and the SQS protocol 503
 ``ServiceUnavailable`` (what SDKs retry), each with ``Retry-After: RETRY_AFTER``, and the

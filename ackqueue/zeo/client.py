@@ -97,7 +97,7 @@ _FILE_OPTIONS = ("tls_ca", "tls_cert", "tls_key")
 
 def parse_zeo_url(url):
     """zeo://HOST:PORT[?wait_timeout=S&lease_timeout=S&tls_ca=F&tls_cert=F&tls_key=F] ->
-    ((host, port), options); the tls_ options are file paths (ackqueue.tls)."""
+    ((host, port), options); the tls_ options are file paths (ackqueue.zeo.tls)."""
     parts = urlsplit(url)
     try:
         port = parts.port
