@@ -150,7 +150,7 @@ def run_scenarios(report, keys, contenders, shared, args, tmp_root):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
-        from benchmarks.children import child_main
+        from benchmarks.child_tasks import child_main
         child_main(argv[1:])
         return 0
     args, keys, contenders, shared = parse(argv)
