@@ -255,7 +255,8 @@ def _load_rows(var):
                                            .get(name, 0) for r in runs) / count
                    for name in names}
             shown = [f"{name.rsplit('.', 1)[-1]} {n:.2f}"
-                     for name, n in sorted(per.items(), key=lambda kv: -kv[1]) if n >= 0.01]
+                     for name, n in sorted(per.items(), key=lambda kv: (-kv[1], kv[0]))
+                     if n >= 0.01]           # ties by name: the same text every time
             rows.append(f"| {var['title']} | {label} | {side} | "
                         f"{', '.join(shown[:5]) or '—'} |")
     return rows
