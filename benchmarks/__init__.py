@@ -15,8 +15,10 @@ Layout:
 - ``bare_server``: the parts of the bare floor servers (a group committer, a keep-alive
   HTTP/1.1 protocol).
 - ``machine``: machine info, the git state of the code under test, the fsync probe.
-- ``report/``: results.md, results.json and results.png.
+- ``report/``: results.md, results.json and results.png; the docs' current run
+  (``current``, ``python -m benchmarks --report``).
 - ``floors`` and ``lean``: bare ZODB commits, and the lean ZODB queue (references).
 
-Nothing here is a test: no number is asserted, and tests/ does not import this package.
+Nothing here is a test: no number is asserted.  tests/test_benchmark_tools.py runs the tools
+briefly; tests/test_benchmarks_report.py checks the docs' current run (report/current.py).
 """

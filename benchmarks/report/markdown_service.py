@@ -164,21 +164,34 @@ def _targets_table(parts, c, zeo, ref, svc):
     return lines
 
 
-def markdown_service(sc, report=None):
-    """The section of (service): its four parts' tables, then issue 22's targets."""
-    parts, c = sc["parts"], sc["counts"]
-    one, batch = parts.get("one", {}), parts.get("batch", {})
-    zeo, ref = _m(one.get(ZEO), "throughput"), _m(one.get(REFERENCE), "throughput")
-    svc = _m(one.get(SERVICE), "throughput")
-    lines = [sc["description"], ""]
-    lines += ["### 2 producer + 2 consumer processes, one message at a time", ""]
-    lines += _process_table(one, ref, zeo)
+def _headline(parts):
+    """(ackqueue (zeo), persist-queue, the service): items/s one message at a time."""
+    one = parts.get("one", {})
+    return tuple(_m(one.get(label), "throughput") for label in (ZEO, REFERENCE, SERVICE))
+
+
+def process_tables(sc):
+    """The tables of the processes through the service: one at a time, then batches."""
+    parts = sc["parts"]
+    zeo, ref, _ = _headline(parts)
+    lines = ["### 2 producer + 2 consumer processes, one message at a time", ""]
+    lines += _process_table(parts.get("one", {}), ref, zeo)
     lines += ["### The same through the service in batches of 10", "",
               "Batch put of 10 frames (one commit), receive max=10 in frames, the 10 "
               "acks riding on the next receive.", ""]
-    lines += _process_table(batch, None, None)
+    return lines + _process_table(parts.get("batch", {}), None, None)
+
+
+def targets_table(sc):
+    """Issue 22's targets beside the measured rates and the floors' bounds."""
+    return _targets_table(sc["parts"], sc["counts"], *_headline(sc["parts"]))
+
+
+def markdown_service(sc, report=None):
+    """The section of (service): its four parts' tables, then issue 22's targets."""
+    parts, c = sc["parts"], sc["counts"]
+    lines = [sc["description"], ""] + process_tables(sc)
     lines += _polls_table(parts.get("polls", {}), c)
     lines += _floor_table(parts.get("floor", {}), c)
     lines += _durable_table(parts.get("durable", {}), c)
-    lines += _targets_table(parts, c, zeo, ref, svc)
-    return lines + [""]
+    return lines + targets_table(sc) + [""]
