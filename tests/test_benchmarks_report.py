@@ -125,7 +125,8 @@ def test_the_report_command_writes_every_marked_block_and_check_finds_drift(tmp_
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{doc}: updated" in done.stdout
     written = doc.read_text()
-    assert written == current.render(stale, _recorded())
+    assert written == current.render(stale, _recorded(), f"{out}/results.json")
+    assert f"from {out}/results.json: edit the suite" in written
     assert written.startswith("# A page\n<!-- current-run:begin -->\n## The current run\n")
     assert "\n<!-- current-run:end -->\nbetween\n<!-- results:begin -->\nMeasured " in written
     assert written.endswith("<!-- results:end -->\nend\n")
