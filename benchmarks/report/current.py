@@ -111,9 +111,10 @@ def results_table(report):
     args = report["args"]
     lines = [f"Measured {machine_line(report)}; "
              f"{'a quick run' if args['quick'] else 'a full run'}, median of "
-             f"{args['repeat']} repetition(s).  Every contender's commits are fsync'd but "
-             "litequeue's (it does not sync its commits).  A ratio above 1× is ackqueue "
-             "ahead of that peer (rates: ours ÷ theirs; times: theirs ÷ ours).", "",
+             f"{args['repeat']} repetition(s).  ackqueue's and persist-queue's commits are "
+             "fsync'd; litequeue does not sync its commits, and moto keeps its queues in "
+             "memory.  A ratio above 1× is ackqueue ahead of that peer (rates: ours ÷ "
+             "theirs; times: theirs ÷ ours).", "",
              "| scenario | ackqueue | measured | against each peer |",
              "|---|---|---:|---|"]
     rows = (_summary_row(report, row) for row in SUMMARY)
