@@ -1,7 +1,7 @@
-"""What a new user meets first, with real parts: ``ackqueue pack`` through the queue
-service, the error for a queue file a service or server holds (naming its URL), the
-top-level help, the ids get and peek print, an SQS move task that moves nothing, the
-demo's header and totals, and the one line explaining a stale .index after a SIGKILL."""
+"""What the command line and a held or uncleanly closed queue file tell a user, with real
+parts: ``ackqueue pack`` through the queue service, the error for a queue file a service
+or server holds (naming its URL), the top-level help, the ids get and peek print, and the
+one line explaining a stale .index after a SIGKILL."""
 import json
 import logging
 import os
@@ -132,53 +132,6 @@ def test_get_and_peek_print_a_message_id_the_same_way(tmp_path, own_service):
         peeked = ok("peek", target, "jobs").stdout.splitlines()[0]
         got = ok("get", target, "jobs").stdout.splitlines()[0]
         assert peeked.startswith("#1  ") and got.startswith("#1  "), (peeked, got)
-
-
-# -- an SQS move task that moves nothing says why -------------------------------------------
-
-def test_a_move_task_that_moves_nothing_is_failed_with_its_reason(own_service):
-    from sqs_helpers import client
-    service = own_service()
-    sqs = client(service.url)
-    dlq = sqs.create_queue(QueueName="dead")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"]
-                                   )["Attributes"]["QueueArn"]
-    sqs.create_queue(QueueName="work", Attributes={"RedrivePolicy": (
-        f'{{"deadLetterTargetArn": "{arn}", "maxReceiveCount": 1}}')})
-
-    def last_task():
-        sqs.start_message_move_task(SourceArn=arn)
-        [task] = sqs.list_message_move_tasks(SourceArn=arn)["Results"]
-        assert task["ApproximateNumberOfMessagesMoved"] == 0, task
-        return task["Status"], task["FailureReason"]
-
-    status, reason = last_task()                       # empty
-    assert status == "FAILED" and "no messages" in reason, reason
-    sqs.send_message(QueueUrl=dlq, MessageBody="sent here directly")
-    status, reason = last_task()                       # ready, but from no other queue
-    assert status == "FAILED" and "DestinationArn" in reason, reason
-    [m] = sqs.receive_message(QueueUrl=dlq, VisibilityTimeout=600)["Messages"]
-    status, reason = last_task()                       # in flight
-    assert status == "FAILED" and "1 in flight" in reason, reason
-    sqs.close()
-
-
-# -- the demo's header counts what its totals count -----------------------------------------
-
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_the_demos_header_counts_what_its_totals_count(tmp_path, capsys):
-    from ackqueue.demo import run_demo
-    assert run_demo(jobs=300, workers=2, directory=str(tmp_path), seed=3) == 0
-    out = capsys.readouterr().out
-    header = re.match(r"ackqueue demo: (\d+) messages: (\d+) jobs", out)
-    assert header, out.splitlines()[0]
-    total = int(header.group(1))
-    assert int(header.group(2)) == 300 and total > 300
-    put, acked = map(int, re.search(r"verify: put (\d+), acked (\d+)", out).groups())
-    assert put == acked == total
-    progress = re.findall(r"put (\d+)/(\d+)  acked (\d+)", out)
-    assert progress and all(int(of) == total for _, of, _ in progress)
-    assert progress[-1] == (str(total), str(total), str(total))
 
 
 # -- a stale .index after a SIGKILL: one line of ackqueue's --------------------------------

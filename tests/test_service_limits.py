@@ -134,3 +134,64 @@ def test_a_disconnected_long_poll_stops_at_once_and_a_message_goes_elsewhere(ser
     [m] = s.receive("jobs", "stayer")
     assert m["receive_count"] == 1
     s.stop()
+
+
+# -- with --auth: the body's size and time checks come before the auth middleware reads it
+
+ADMIN = "admin-secret-012345678"
+
+
+@pytest.fixture
+def serve_auth(tmp_path):
+    from tests.test_service import Service
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps({"clients": {"root": {"secret": ADMIN,
+                                                     "rights": {"*": ["admin"]}}}}))
+    started = []
+
+    def start(*extra):
+        s = Service(tmp_path / "q.fs", "--auth", str(path), *extra, log_dir=tmp_path)
+        started.append(s)
+        return s
+    yield start
+    for s in started:
+        if s.proc.poll() is None:
+            s.stop()
+
+
+@pytest.mark.parametrize("path", ["/send", "/send_batch", "/v1/batch"])
+def test_with_auth_a_body_past_the_limit_gets_413_before_auth_reads_it(serve_auth, path):
+    """The auth middleware reads these bodies for their queue names: before the fix it
+    read a 50 MB body that never came (no size check, no timeout) and held the
+    connection open."""
+    from ackqueue.service.server import LINGER
+    from tests.test_service_limits import SLACK, connect, parse, read_until_closed
+    s = serve_auth("--client-timeout", "30")
+    sock = connect(s)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n"
+                 .encode() + b'{"queue_name": "jobs", ' + b" " * 100)
+    data, _ = read_until_closed(sock, LINGER + SLACK)
+    status, headers, doc = parse(data)
+    assert status == 413 and doc["error"]["code"] == "MessageSizeExceeded", data
+    assert headers.get("connection", "").lower() == "close"
+    sock.close()
+    status, _ = s.call("POST", "/send", json.dumps({"queue_name": "jobs", "message_body": "x"}),
+                       {"Authorization": f"Bearer {ADMIN}"})
+    assert status == 200
+    s.stop()
+
+
+def test_with_auth_a_stalled_body_gets_408_before_auth_reads_it(serve_auth):
+    from ackqueue.service.server import LINGER
+    from tests.test_service_limits import SLACK, connect, parse, read_until_closed
+    s = serve_auth("--client-timeout", "1")
+    sock = connect(s)
+    sock.sendall(f"POST /send HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                 .encode() + b'{"queue_n')
+    data, _ = read_until_closed(sock, 1 + LINGER + SLACK)
+    status, headers, doc = parse(data)
+    assert status == 408 and doc["error"]["code"] == "RequestTimeout", data
+    sock.close()
+    s.stop()

@@ -385,3 +385,32 @@ def test_add_and_remove_permission_write_the_queue_policy(sqs):
     with pytest.raises(ClientError) as e:
         sqs.remove_permission(QueueUrl=url, Label="a")
     assert code(e) == "InvalidParameterValue"
+
+
+# -- a move task that moves nothing says why --------------------------------------------
+
+def test_a_move_task_that_moves_nothing_is_failed_with_its_reason(own_service):
+    from sqs_helpers import client
+    service = own_service()
+    sqs = client(service.url)
+    dlq = sqs.create_queue(QueueName="dead")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"]
+                                   )["Attributes"]["QueueArn"]
+    sqs.create_queue(QueueName="work", Attributes={"RedrivePolicy": (
+        f'{{"deadLetterTargetArn": "{arn}", "maxReceiveCount": 1}}')})
+
+    def last_task():
+        sqs.start_message_move_task(SourceArn=arn)
+        [task] = sqs.list_message_move_tasks(SourceArn=arn)["Results"]
+        assert task["ApproximateNumberOfMessagesMoved"] == 0, task
+        return task["Status"], task["FailureReason"]
+
+    status, reason = last_task()                       # empty
+    assert status == "FAILED" and "no messages" in reason, reason
+    sqs.send_message(QueueUrl=dlq, MessageBody="sent here directly")
+    status, reason = last_task()                       # ready, but from no other queue
+    assert status == "FAILED" and "DestinationArn" in reason, reason
+    [m] = sqs.receive_message(QueueUrl=dlq, VisibilityTimeout=600)["Messages"]
+    status, reason = last_task()                       # in flight
+    assert status == "FAILED" and "1 in flight" in reason, reason
+    sqs.close()
