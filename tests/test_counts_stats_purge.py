@@ -54,7 +54,7 @@ def test_stats_survive_reopen(tmp_path):
 
 
 def test_purge_removes_ready_delayed_and_in_flight_messages(env):
-    """As SQS's PurgeQueue (issue 22): in-flight deliveries end too; their late acks and
+    """As SQS's PurgeQueue: in-flight deliveries end too; their late acks and
     give-backs are refused as stale."""
     clock = FakeClock()
     q = env.open(clock=clock)

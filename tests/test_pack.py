@@ -1,4 +1,4 @@
-"""Space (issue 4 item 10): packing gives back the space of acknowledged messages and old
+"""Space: packing gives back the space of acknowledged messages and old
 revisions, on a file, in memory and through a server, while the queue is in use, by hand
 (ackqueue.maintenance.pack) or automatically (Database.enable_autopack).
 

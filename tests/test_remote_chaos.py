@@ -1,4 +1,4 @@
-"""Chaos through the queue service (issue 23 point 7): 2 producer and 3 consumer processes
+"""Chaos through the queue service: 2 producer and 3 consumer processes
 on AckQueue(path="http://..."), consumers SIGKILLed at random moments and restarted, the
 service SIGKILLed once and restarted on its port.  Every item put is processed at least
 once, none acknowledged comes back, and the queue drains.

@@ -1,4 +1,4 @@
-"""The remote drop-in's queue options through a real service (issue 23, the gaps): the
+"""The remote drop-in's queue options through a real service: the
 codec recorded with the queue, dead letters (max_receives, dead_letter), dedup_window, and
 clock (refused: it cannot travel).  The service is the ``ackqueue serve`` console script."""
 import itertools

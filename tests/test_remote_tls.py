@@ -1,4 +1,4 @@
-"""The remote drop-in over https:// with a bearer token (issue 23): the real ``ackqueue
+"""The remote drop-in over https:// with a bearer token: the real ``ackqueue
 serve --tls-cert/--tls-key --auth FILE``, a self-signed certificate made in the test with
 the openssl command, and AckQueue(path="https://NAME@HOST:PORT?tls_ca=...&token_file=...")."""
 import json

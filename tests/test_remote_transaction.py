@@ -1,4 +1,4 @@
-"""``with q.transaction():``, ``redrive()`` and ``pack()`` on the remote drop-in (issue 23 point 1),
+"""``with q.transaction():``, ``redrive()`` and ``pack()`` on the remote drop-in,
 against a real ``ackqueue serve``: a block's puts and acks travel as one atomic batch
 request (POST /v1/batch) when it ends; its gets are made at once and given back if the
 block raises or its batch is refused."""

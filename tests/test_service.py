@@ -397,8 +397,8 @@ def test_memory_mode_and_unix_socket(service, tmp_path):
 
 
 def test_one_rule_for_bodies_text_bytes_and_json_cross_fronts(service, tmp_path):
-    """Issue 22 point 4: a str put by Python is text to an HTTP client, text sent over HTTP
-    is a str to Python, bytes stay bytes, JSON is a JSON value; the service unpickles
+    """One rule for bodies: a str put by Python is text to an HTTP client, text sent over
+    HTTP is a str to Python, bytes stay bytes, JSON is a JSON value; the service unpickles
     nothing (a body that claims to be a pickle is only checked to start as one)."""
     path = tmp_path / "q.fs"
     with AckQueue(path=str(path), name="jobs") as q:

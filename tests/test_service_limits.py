@@ -1,6 +1,8 @@
-"""The service against oversized bodies and slow or vanished clients (issue 22 point 8),
-at the socket level, on the real console script.  Times are failure bounds; the lower
-bounds show that a close came from the timeout under test, not from something else."""
+"""The service against oversized bodies and slow or vanished clients, at the socket level,
+on the real console script, with and without --auth (whose middleware reads some bodies
+for their queue names: the size and time checks come first).  Times are failure bounds;
+the lower bounds show that a close came from the timeout under test, not from something
+else."""
 import json
 import socket
 import time

@@ -1,5 +1,5 @@
-"""The service's stats page, /stats.json, /metrics, TLS and access control (issue 22
-points 6 and 7), against the real console script (ackqueue serve ... --port 0).
+"""The service's stats page, /stats.json, /metrics, TLS and access control,
+against the real console script (ackqueue serve ... --port 0).
 
 The stats page is checked in a real headless browser (Debian's chromium), skipped with
 a reason where none is installed.  Waits are bounded failure limits, never

@@ -682,7 +682,7 @@ def test_an_idle_producer_prefetches_what_it_wrote_and_a_consumer_nothing(server
 
 
 def test_a_purge_ends_every_processs_deliveries(server):
-    """Issue 22: purge removes messages in flight too, here and in other processes; their
+    """Purge removes messages in flight too, here and in other processes; their
     acks are refused as stale, and nothing of it comes back."""
     child = spawn_holder(server.url, "purged")
     try:

@@ -1,4 +1,4 @@
-"""Who may reach a shared queue (issue 25 point 6): ``ackqueue server`` with TLS and client
+"""Who may reach a shared queue: ``ackqueue server`` with TLS and client
 certificates, and its refusal to listen beyond this machine without them.
 
 Certificates are made in the test with the openssl command (a CA for the server, a CA for

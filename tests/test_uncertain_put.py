@@ -1,4 +1,4 @@
-"""A put whose commit was cut off after it reached the server (issue 25 point 2): the client
+"""A put whose commit was cut off after it reached the server: the client
 retries it once the connection is back, and the store recognises the retry by the put's
 idempotency token, so the item is stored once, never twice.
 
