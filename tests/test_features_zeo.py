@@ -1,6 +1,7 @@
 """The queue features through a real queue server (``ackqueue server``, the console script,
 one for the module): priorities, delays, dedup, attributes, dead letters and redrive,
-peek, put_many/get_many/ack_many, counts, queues() and purge.  Select them with ``-k zeo``.
+peek, put_many/get_many/ack_many, counts, queues() and purge.  Select them with
+``-k TestZeo``.
 
 Time is a fake clock that the tests advance; real waits are failure bounds and short
 timeouts that must expire.

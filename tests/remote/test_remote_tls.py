@@ -13,7 +13,7 @@ pytest.importorskip("aiohttp")
 from ackqueue import AckQueue, AckQueueError  # noqa: E402
 
 from tests.certs import self_signed_for_loopback      # noqa: E402
-from tests.test_service_stats_auth import Served       # noqa: E402
+from tests.service.test_service_stats_auth import Served       # noqa: E402
 
 TOKEN = "alice-secret-0123456789abcdef"
 READER = "reader-secret-0123456789abcdef"

@@ -20,7 +20,7 @@ pytest.importorskip("aiohttp")
 from ackqueue.service.config import ConfigError, parse             # noqa: E402
 from ackqueue.service.gate import default_caps                     # noqa: E402
 from ackqueue.service.listener import Backoff, RateLimitedLog      # noqa: E402
-from tests.test_service import START_TIMEOUT, Service, until       # noqa: E402
+from tests.service.test_service import START_TIMEOUT, Service, until       # noqa: E402
 from tests.zeo_server import console_script                        # noqa: E402
 
 NOFILE = 64             # the service's descriptor limit

@@ -18,7 +18,7 @@ pytest.importorskip("aiohttp")
 
 from ackqueue import AckQueue                      # noqa: E402
 from ackqueue.service.config import KEYS, generate, parse   # noqa: E402
-from tests.test_service import Service             # noqa: E402
+from tests.service.test_service import Service             # noqa: E402
 from tests.zeo_server import console_script        # noqa: E402
 
 

@@ -10,7 +10,7 @@ pytest.importorskip("aiohttp")
 
 from ackqueue import AckQueue                                   # noqa: E402
 from ackqueue.service.http import FRAMES, encode_frames         # noqa: E402
-from tests.test_service import body_of, service                 # noqa: E402,F401
+from tests.service.test_service import body_of, service                 # noqa: E402,F401
 
 
 def batch(s, doc, **headers):
@@ -242,7 +242,7 @@ def test_pack_shrinks_the_file_and_the_queues_stay_in_use(service, tmp_path):
 
 
 def test_redrive_pack_and_batch_rights_under_auth(service, tmp_path):
-    from tests.test_service_stats_auth import ADMIN, ALICE, BOB
+    from tests.service.test_service_stats_auth import ADMIN, ALICE, BOB
     import hashlib
     path = tmp_path / "auth.json"
     path.write_text(json.dumps({"clients": {

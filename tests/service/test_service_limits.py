@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("aiohttp")
 
 from ackqueue.service.server import LINGER                      # noqa: E402
-from tests.test_service import Service, until                   # noqa: E402
+from tests.service.test_service import Service, until                   # noqa: E402
 
 SLACK = 3.0       # scheduling on a loaded 2-core machine
 
@@ -145,7 +145,7 @@ ADMIN = "admin-secret-012345678"
 
 @pytest.fixture
 def serve_auth(tmp_path):
-    from tests.test_service import Service
+    from tests.service.test_service import Service
     path = tmp_path / "auth.json"
     path.write_text(json.dumps({"clients": {"root": {"secret": ADMIN,
                                                      "rights": {"*": ["admin"]}}}}))
@@ -167,7 +167,7 @@ def test_with_auth_a_body_past_the_limit_gets_413_before_auth_reads_it(serve_aut
     read a 50 MB body that never came (no size check, no timeout) and held the
     connection open."""
     from ackqueue.service.server import LINGER
-    from tests.test_service_limits import SLACK, connect, parse, read_until_closed
+    from tests.service.test_service_limits import SLACK, connect, parse, read_until_closed
     s = serve_auth("--client-timeout", "30")
     sock = connect(s)
     sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"
@@ -186,7 +186,7 @@ def test_with_auth_a_body_past_the_limit_gets_413_before_auth_reads_it(serve_aut
 
 def test_with_auth_a_stalled_body_gets_408_before_auth_reads_it(serve_auth):
     from ackqueue.service.server import LINGER
-    from tests.test_service_limits import SLACK, connect, parse, read_until_closed
+    from tests.service.test_service_limits import SLACK, connect, parse, read_until_closed
     s = serve_auth("--client-timeout", "1")
     sock = connect(s)
     sock.sendall(f"POST /send HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"

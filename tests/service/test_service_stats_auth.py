@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("aiohttp")
 
 from tests.certs import self_signed_for_loopback      # noqa: E402
-from tests.test_service import until                 # noqa: E402
+from tests.service.test_service import until                 # noqa: E402
 from tests.zeo_server import console_script           # noqa: E402
 
 START_TIMEOUT = 30

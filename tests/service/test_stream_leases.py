@@ -2,8 +2,9 @@
 real queue file in this process, with an injected clock: a leased part is read back the
 same after the file is reopened, a run-out lease puts its messages back, a commit is
 cumulative, idempotent and remembered, and a part failing its processor is halved and
-then dead-lettered; parts of one stream are read at once, a commit alone.  (tests/test_service_batches.py does the same through a real service
-that is SIGKILLed and restarted.)"""
+then dead-lettered; parts of one stream are read at once, a commit alone.
+(tests/service/test_service_batches.py does the same through a real service that is
+SIGKILLed and restarted.)"""
 import threading
 
 import pytest

@@ -1,5 +1,5 @@
-"""A Spark Structured Streaming job for tests/test_spark.py, run as its own driver process
-(so the test can SIGKILL it, JVM and Python workers with it, as a crashed driver).
+"""A Spark Structured Streaming job for tests/spark/test_spark.py, run as its own driver
+process (so the test can SIGKILL it, JVM and Python workers with it, as a crashed driver).
 
     python spark_driver.py URL IN_QUEUE OUT_QUEUE CHECKPOINT STALL_MARKER
 

@@ -4,7 +4,7 @@ its checkpoint loses nothing and writes each row once; a poison message reaches 
 dead-letter queue after maxReceives; a snapshot read changes nothing.
 
 One service and one SparkSession for the module (Spark takes seconds to start); the
-killed driver is a process of its own (tests/spark_driver.py)."""
+killed driver is a process of its own (tests/spark/spark_driver.py)."""
 import collections
 import os
 import shutil

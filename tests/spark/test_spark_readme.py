@@ -12,7 +12,7 @@ import pytest
 
 from service_proc import Service
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "spark_stream.py")
 LIMIT = 300         # failure bound only (Spark is slow on a loaded machine)
 
