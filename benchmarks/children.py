@@ -1,10 +1,11 @@
-"""The helper processes of (e) across processes, (f) and (g).
+"""The plumbing of the helper processes: starting them, their report lines, stopping them.
 
 Every child is ``python -m benchmarks --child TASK ARGS...`` run from the repository root.
-It reports JSON lines on stdout; the children of (e) across processes and (g) also read a
-"go" line on stdin and write their stderr to a file in the run's directory.  The tasks
-live with their scenario (scenarios/f_scale.py, e_xproc.py, g_processes.py); child_main
-dispatches to them.
+It reports JSON lines on stdout; the children of (e) across processes, (g) and (service)
+also read a "go" line on stdin and write their stderr to a file in the run's directory.
+The tasks live with their scenario or contender; child_tasks.py names them and is the
+one module that imports them: this module imports no scenario and no contender, so that
+every scenario and contender can import it.
 """
 import json
 import os
@@ -44,30 +45,6 @@ async def serve_app(app):
 
 def child_command(*argv):
     return [sys.executable, "-m", "benchmarks", "--child", *map(str, argv)]
-
-
-def child_main(argv):
-    """Entry point of every helper process (python -m benchmarks --child TASK ...)."""
-    # The children of benchmarks/run.py imported lean.py (so ZODB) before measuring
-    # anything; kept, so that the RSS figures of (f) stay comparable with earlier runs.
-    from benchmarks import lean  # noqa: F401
-    from benchmarks.scenarios import e_xproc, f_scale, g_processes, service
-    tasks = {"sprod": service.child_producer, "scons": service.child_consumer,
-             "sfloorsrv": service.child_floor_server, "sfloorcli": service.child_floor_client,
-             "fill": f_scale.child_fill, "open": f_scale.child_open,
-             "xwake": e_xproc.child_xwake, "gprod": g_processes.child_producer,
-             "gcons": g_processes.child_consumer, "gdrain": g_processes.child_drain}
-    from benchmarks.scenarios import sqs
-    from benchmarks.contenders.sqs import null_server_main
-    tasks.update(qprod=sqs.child_producer, qcons=sqs.child_consumer, qnull=null_server_main)
-    from benchmarks.scenarios import service_floor
-    from benchmarks.contenders import wake_floor
-    tasks.update(sdurablesrv=service_floor.child_server, sdurablecli=service_floor.child_client,
-                 swakefloor=wake_floor.child_server)
-    task = tasks.get(argv[0])
-    if task is None:
-        raise SystemExit(f"unknown child task {argv[0]!r}")
-    task(*argv[1:])
 
 
 def report(**kw):

@@ -6,12 +6,14 @@ Run from the repository root:
     python -m benchmarks                      # the full suite (10-14 minutes here)
     python -m benchmarks --quick              # a smoke run (about two minutes)
     python -m benchmarks --scenario b,e --contender ackqueue,persist-queue --out /tmp/res
+    python -m benchmarks --report             # the docs' current run from results.json
 
 Every contender is measured in the same run, with the same item (a ~100-byte dict), each
 (contender, scenario, repetition) in a fresh temporary directory.  Results go to
 <out>/results.json (raw numbers and machine info), <out>/results.md (tables with ratios
 against persist-queue) and <out>/results.png (a log-scale bar chart).  Nothing here is a
-test: no number is asserted, and tests/ does not import this package.
+test: no number is asserted.  ``--report`` runs nothing: it writes the recorded run into the
+docs' marked blocks (report/current.py).
 
 Adding a contender is one adapter module in benchmarks/contenders/ and one line in its
 registry (benchmarks/contenders/__init__.py).
@@ -55,7 +57,30 @@ def parser():
     p.add_argument("--contender", "--contenders", dest="contenders", default=None,
                    help="comma-separated contender ids (or labels) to keep (default: all); "
                         "they also pick the contenders of (e) across processes, (f) and (g)")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: make the marked blocks of the --into files anew from "
+                        "the run recorded in --out (its results.json)")
+    p.add_argument("--into", action="append", default=None, metavar="FILE",
+                   help="with --report, a file to update (repeatable; default: "
+                        "docs/benchmarks.md and README.md); a file without markers is "
+                        "left alone")
+    p.add_argument("--check", action="store_true",
+                   help="with --report, write nothing and exit 1 if a file would change")
     return p
+
+
+def report_only(args):
+    """--report: the docs' blocks from the recorded results; 1 if --check finds drift."""
+    from benchmarks.report.current import update_files
+    paths = args.into or [os.path.join("docs", "benchmarks.md"), "README.md"]
+    try:
+        done = update_files(os.path.join(args.out, "results.json"), paths, args.check)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for path, what in done:
+        print(f"{path}: {what}")
+    return 1 if any(what == "would change" for _, what in done) else 0
 
 
 def parse(argv):
@@ -150,10 +175,12 @@ def run_scenarios(report, keys, contenders, shared, args, tmp_root):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
-        from benchmarks.children import child_main
+        from benchmarks.child_tasks import child_main
         child_main(argv[1:])
         return 0
     args, keys, contenders, shared = parse(argv)
+    if args.report:
+        return report_only(args)
     tmp_root = args.tmpdir or tempfile.gettempdir()
     started = time.perf_counter()
     report = new_report(args, contenders, shared, tmp_root)

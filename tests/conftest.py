@@ -1,6 +1,8 @@
 """Fixtures more than one test module uses."""
 import pytest
 
+from queue_env import Env
+
 
 @pytest.fixture
 def own_service(tmp_path):
@@ -27,3 +29,12 @@ def server(tmp_path):
     srv = Server(tmp_path / "shared.fs", tmp_path / "server.log")
     yield srv
     srv.stop()
+
+
+@pytest.fixture(params=["memory", "file"])
+def env(request, tmp_path):
+    """A queue maker on one backend (tests/queue_env.py's Env): a test using it runs once
+    in memory and once on a file."""
+    e = Env(request.param, tmp_path)
+    yield e
+    e.teardown()

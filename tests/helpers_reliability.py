@@ -1,5 +1,5 @@
 """Shared helpers of the reliability tests (test_model, test_torn_writes, test_bad_input,
-test_threads16): a fake clock, draining, child processes, and the long-run switch.
+test_thread_safety): a fake clock, draining, child processes, and the long-run switch.
 
 ACKQUEUE_LONG=1 in the environment turns the CI-sized defaults into long runs (many more
 hypothesis examples, every cut offset, more operations per thread)."""

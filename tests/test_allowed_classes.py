@@ -1,4 +1,4 @@
-"""Reading a queue others write (issue 25 point 6): AckQueue(allowed_classes=...) limits
+"""Reading a queue others write: AckQueue(allowed_classes=...) limits
 what a pickled item may name, and an item naming anything else is refused without running
 any of it.  Real storages: in memory and on a file."""
 import datetime

@@ -987,3 +987,62 @@ def test_second_process_gets_queue_locked_and_the_holder_goes_on(tmp_path):
             stream.close()
     with AckQueue(path=path) as q:                    # once it is gone: all there
         assert_intact(q, ["b", "c0", "c1"])
+
+
+# -- timeouts and task_done as queue.Queue takes them ---------------------------------
+
+def test_timeouts_as_the_standard_library_takes_them():
+    import queue
+    # A bounded queue: queue.Queue checks a put's timeout only when it may have to wait;
+    # AckQueue refuses a blocking put's negative timeout even unbounded (a bug caught early).
+    for q in (queue.Queue(maxsize=5), AckQueue(maxsize=5)):
+        with pytest.raises(queue.Empty):
+            q.get(block=False, timeout=-1)        # not blocking: the timeout is ignored
+        with pytest.raises(queue.Empty):
+            q.get(timeout=True)                   # a bool is an int: one second
+        q.put("a", block=False, timeout=-1)
+        q.put("b", timeout=True)
+        assert q.get(block=False, timeout=-1) == "a"
+        assert q.get(timeout=False) == "b"        # False: 0 s, and "b" is there
+        with pytest.raises(ValueError, match="non-negative"):
+            q.get(timeout=-1)
+        with pytest.raises(ValueError, match="non-negative"):
+            q.put("c", timeout=-1)
+
+
+def test_task_done_with_nothing_held_says_what_is_wrong():
+    q = AckQueue()
+    for item in ("a", "b", "c"):
+        q.put(item)
+    with pytest.raises(ValueError) as info:
+        q.task_done()
+    assert "too many times" not in str(info.value)
+    assert "3 unfinished" in str(info.value) and "get()" in str(info.value)
+    q.get()
+    q.task_done()
+    q.get(), q.get()
+    q.task_done(), q.task_done()
+    with pytest.raises(ValueError, match="called too many times"):
+        q.task_done()                            # now it really is too many
+
+
+# -- a server that cannot be reached or resolved ----------------------------------------
+
+def test_unreachable_server_warns_once_and_unresolvable_fails_at_once(caplog):
+    import logging
+    import socket
+    from ackqueue import ServerUnavailable
+    with pytest.raises(ServerUnavailable, match="'no-such-host.invalid' cannot be resolved"):
+        AckQueue(path="zeo://no-such-host.invalid:8100?wait_timeout=30")
+    with socket.socket() as s:               # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with caplog.at_level(logging.WARNING, logger="ackqueue.zeo.client"):
+        with pytest.raises(ServerUnavailable):
+            AckQueue(path=f"zeo://127.0.0.1:{port}?wait_timeout=1.5")
+        waiting = [r for r in caplog.records if "waiting up to" in r.getMessage()]
+        assert len(waiting) == 1 and f"127.0.0.1:{port}" in waiting[0].getMessage()
+        caplog.clear()
+        with pytest.raises(ServerUnavailable):       # too short a wait to announce
+            AckQueue(path=f"zeo://127.0.0.1:{port}?wait_timeout=0.5")
+        assert not [r for r in caplog.records if "waiting up to" in r.getMessage()]

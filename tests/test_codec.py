@@ -1,5 +1,5 @@
-"""One rule for bodies (issue 22 point 4, ackqueue.codec): a str is stored as text, bytes as
-bytes, each marked as such, anything else pickled; a queue's codec is stored with it.
+"""One rule for bodies (ackqueue.codec): a str is stored as text, bytes as bytes, each
+marked as such, anything else pickled; a queue's codec is stored with it.
 
 Real storages only: in memory, on a file, and through a real server (the console script).
 """

@@ -234,7 +234,7 @@ def test_a_deferred_ack_that_fails_to_commit_gives_back_and_flush_raises(tmp_pat
 
 
 # ack_with_next_get=True through a server: a deferred ack whose window is long enough for
-# a consumer that keeps up to send it with its next get's claim (issue 28 point 4).
+# a consumer that keeps up to send it with its next get's claim.
 
 def test_ack_with_next_get_is_for_a_queue_shared_with_other_processes(tmp_path):
     path = str(tmp_path / "q.fs")

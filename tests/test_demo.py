@@ -32,3 +32,21 @@ def test_command_line_demo(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "lost 0" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+# -- the demo's header counts what its totals count -------------------------------------
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_demos_header_counts_what_its_totals_count(tmp_path, capsys):
+    from ackqueue.demo import run_demo
+    assert run_demo(jobs=300, workers=2, directory=str(tmp_path), seed=3) == 0
+    out = capsys.readouterr().out
+    header = re.match(r"ackqueue demo: (\d+) messages: (\d+) jobs", out)
+    assert header, out.splitlines()[0]
+    total = int(header.group(1))
+    assert int(header.group(2)) == 300 and total > 300
+    put, acked = map(int, re.search(r"verify: put (\d+), acked (\d+)", out).groups())
+    assert put == acked == total
+    progress = re.findall(r"put (\d+)/(\d+)  acked (\d+)", out)
+    assert progress and all(int(of) == total for _, of, _ in progress)
+    assert progress[-1] == (str(total), str(total), str(total))

@@ -1,5 +1,5 @@
 """qsize(), counts() and empty() leave out messages whose retention has passed, exactly, at
-the moment they are called, with no sweep having run (issue 25 point 4): through the
+the moment they are called, with no sweep having run: through the
 store's expiry index (ackqueue.expiry), in one process (file and memory), through a real
 ``ackqueue server`` (ZEO) and through a real ``ackqueue serve`` (the remote drop-in).
 

@@ -131,3 +131,58 @@ def test_whole_second_times_wait_for_the_coarse_settle(tmp_path):
         _refused(o, "was deleted")
     finally:
         o.close()
+
+
+# -- through the queue: a file deleted or replaced while open, and a pack's new file ----
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_queue_file_deleted_or_replaced_while_open_refuses_writes(tmp_path, how):
+    from ackqueue import AckQueue, QueueFileGone, StorageError
+    path = tmp_path / "q.fs"
+    q = AckQueue(path=path)
+    try:
+        q.put("before")
+        m = q.get_message()
+        if how == "deleted":
+            os.remove(path)
+        else:
+            other = AckQueue(path=tmp_path / "other.fs")
+            other.put("other")
+            other.close()
+            os.replace(tmp_path / "other.fs", path)
+        with pytest.raises(QueueFileGone) as caught:
+            q.put("after")
+        assert isinstance(caught.value, StorageError)
+        assert str(path) in str(caught.value) and how in str(caught.value)
+        with pytest.raises(QueueFileGone):      # and so is every later write: an ack too
+            q.ack(m)
+        with pytest.raises(QueueFileGone):
+            q.put("later")
+    finally:
+        q.close()
+    if how == "replaced":       # the file put in its place is left as it was
+        with AckQueue(path=path) as again:
+            assert again.get(block=False) == "other"
+            again.task_done()
+
+
+def test_after_a_pack_the_new_file_is_the_one_watched(tmp_path):
+    """A pack replaces the open file by the packed one: the check compares the path with
+    the new open file (read once per file object), so writes go on, and a deletion of
+    the packed file is still caught."""
+    from ackqueue import AckQueue, QueueFileGone
+    path = tmp_path / "q.fs"
+    q = AckQueue(path=path)
+    try:
+        q.put_many(range(10))
+        for _ in range(5):
+            q.ack(q.get())
+        before = os.stat(path).st_ino
+        q.pack()
+        assert os.stat(path).st_ino != before       # the packed file is another file
+        q.put("after the pack")                     # refused if the old file were watched
+        os.remove(path)
+        with pytest.raises(QueueFileGone):
+            q.put("after the deletion")
+    finally:
+        q.close()

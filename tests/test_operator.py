@@ -396,7 +396,7 @@ def test_export_import_of_100000_messages(tmp_path):
 
 
 def test_every_command_through_a_queue_service_url(tmp_path):
-    """TARGET may be the queue service's URL (issue 26 point 1): the commands go through
+    """TARGET may be the queue service's URL: the commands go through
     its native API, pack too (the service packs its file); check, which reads the file
     itself, says so in one line."""
     import re

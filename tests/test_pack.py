@@ -1,4 +1,4 @@
-"""Space (issue 4 item 10): packing gives back the space of acknowledged messages and old
+"""Space: packing gives back the space of acknowledged messages and old
 revisions, on a file, in memory and through a server, while the queue is in use, by hand
 (ackqueue.maintenance.pack) or automatically (Database.enable_autopack).
 
@@ -426,3 +426,83 @@ def test_a_failed_pack_raises_storage_error_and_leaves_the_queue_usable(tmp_path
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+# -- packing through a server while clients work -------------------------------------
+
+PACK_CLIENT = """
+import sys, threading
+from ackqueue import AckQueue, maintenance
+q = AckQueue(path=sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()                       # all clients ask at once
+try:
+    maintenance.pack(q._database, keep_seconds=float(sys.argv[2]))
+    print("packed", flush=True)
+except Exception as exc:
+    print("failed", type(exc).__name__, str(exc).replace(chr(10), " "), flush=True)
+q.close()
+"""
+
+
+@pytest.mark.parametrize("keep_seconds", [0.0, 1.0])
+def test_packs_through_a_server_while_clients_work(tmp_path, caplog, keep_seconds):
+    import threading
+    from ackqueue import AckQueue
+    from zeo_server import Server, kill, read_line, spawn
+    caplog.set_level("WARNING")
+    server = Server(tmp_path / "q.fs", tmp_path / "server.log")
+    q = AckQueue(path=server.url)
+    clients = []
+    try:
+        for n in range(300):                      # live data for the pack to copy
+            q.put(os.urandom(20_000))
+        stop, errors, cycles = threading.Event(), [], [0]
+
+        def work():
+            try:
+                while not stop.is_set():
+                    q.put("x")
+                    q.get(timeout=60)
+                    q.task_done()
+                    cycles[0] += 1
+            except BaseException as exc:          # reported below
+                errors.append(exc)
+
+        workers = [threading.Thread(target=work) for _ in range(2)]
+        for t in workers:
+            t.start()
+        for round_ in range(3):
+            clients = [spawn(PACK_CLIENT, server.url, keep_seconds) for _ in range(3)]
+            for c in clients:
+                assert read_line(c) == "ready"
+            for c in clients:
+                c.stdin.write("go\n")
+                c.stdin.flush()
+            answers = [read_line(c, timeout=120) for c in clients]
+            for c in clients:
+                c.stdin.close()
+                err = c.stderr.read()
+                c.wait(60)
+                assert "Traceback" not in err and "ERROR" not in err, err
+            assert answers == ["packed"] * 3, answers
+        stop.set()
+        for t in workers:
+            t.join(120)
+        assert not errors, errors
+        assert cycles[0] > 0
+        assert q.qsize() == 300
+    finally:
+        for c in clients:
+            kill(c)
+        q.close()
+        assert server.stop() == 0
+    log = server.read_log()
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+    assert [r.getMessage() for r in caplog.records
+            if r.levelno >= 40 or r.exc_info] == []      # the working clients logged none
+    # Several clients asking at once is one pack: each request started one, or waited for
+    # the one in progress; never two at a time.
+    started = log.count("ackqueue server: packing")
+    joined = log.count("ackqueue server: a pack is in progress")
+    assert started + joined == 9 and started >= 3, log[-3000:]

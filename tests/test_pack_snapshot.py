@@ -1,7 +1,7 @@
 """A pack with keep_seconds=0 removes revisions that a client's snapshot may still read.
 
 ZODB then raises ReadConflictError ("object deleted, likely by simultaneous pack") in the
-reader.  Seen in tests/test_hardening2.py::test_packs_through_a_server_while_clients_work
+reader.  tests/test_pack.py::test_packs_through_a_server_while_clients_work meets it
 as "ackqueue: reaper pass failed" with that traceback, depending on timing.  Here the race
 is made to happen every time: right after a reader of the queue took its snapshot, another
 process (a real client of a real ``ackqueue server``) claims a message, which writes a new

@@ -22,10 +22,10 @@ import re
 import select
 import subprocess
 
+from benchmarks.bare_server import Proto, Writer, answer
 from benchmarks.children import child_command, report, serve_app, stop_server, until_terminated
 from benchmarks.common import REPO
 from benchmarks.contenders.base import Adapter, SharedContender
-from benchmarks.scenarios.service_floor import Proto, Writer, answer
 
 START_TIMEOUT = 60
 STOP_TIMEOUT = 30
@@ -33,7 +33,7 @@ STOP_TIMEOUT = 30
 
 class _Server:
     """The floor server's state, on its event loop: durable bodies no poll took yet, and
-    the long polls waiting for one; the group commits are service_floor.Writer's (one
+    the long polls waiting for one; the group commits are bare_server.Writer's (one
     FileStorage record per group, fsync'd)."""
 
     def __init__(self, loop, path):

@@ -134,7 +134,9 @@ def _contenders(report):
     return lines
 
 
-def _table(sc, cols):
+def scenario_table(sc, cols):
+    """The table of a table scenario ((a)-(e), (e) across processes): one row per
+    contender, each metric beside its ratio to persist-queue."""
     lines = ["| contender | N |" + "".join(f" {name} | ×pq |" for _, name in cols),
              "|---|---:|" + "---:|---:|" * len(cols)]
     ref = sc["results"].get(REFERENCE, {}).get("median")
@@ -214,7 +216,7 @@ def _scenario(key, sc, report):
         from benchmarks.report.markdown_sqs import markdown_sqs
         return markdown_sqs(sc)
     cols = TABLE_COLUMNS[key]
-    lines = [sc["description"], ""] + _table(sc, cols)
+    lines = [sc["description"], ""] + scenario_table(sc, cols)
     if key == "d":
         lines += _batch_methods(sc)
     lines += _spreads(key, sc, cols)

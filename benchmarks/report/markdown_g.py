@@ -71,7 +71,8 @@ def _row(label, entry, ref):
     return row + f" {each('duplicates')} | {each('not_delivered')} |"
 
 
-def _variant_table(var):
+def variant_table(var):
+    """The table of one (g) variant (its title, one row per contender, how to read it)."""
     lines = [f"### {var['title']}", "",
              "| contender | N | items/s end to end | ×pq | consumer commits | conflict "
              "retries | conflict-retry rate | claims lost | duplicates delivered | "
@@ -255,7 +256,8 @@ def _load_rows(var):
                                            .get(name, 0) for r in runs) / count
                    for name in names}
             shown = [f"{name.rsplit('.', 1)[-1]} {n:.2f}"
-                     for name, n in sorted(per.items(), key=lambda kv: -kv[1]) if n >= 0.01]
+                     for name, n in sorted(per.items(), key=lambda kv: (-kv[1], kv[0]))
+                     if n >= 0.01]           # ties by name: the same text every time
             rows.append(f"| {var['title']} | {label} | {side} | "
                         f"{', '.join(shown[:5]) or '—'} |")
     return rows
@@ -286,7 +288,7 @@ def _round_trips(sc):
 def markdown_g(sc, report=None):
     lines = [sc["description"], ""] + _delivery_summary(sc)
     for var in sc["variants"].values():
-        lines += _variant_table(var) + _variant_notes(var)
+        lines += variant_table(var) + _variant_notes(var)
         lines += problem_lines(var["results"])
     if any(label in var["results"] for var in sc["variants"].values() for label in REMOTE):
         lines += _targets(sc, report)

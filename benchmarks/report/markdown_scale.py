@@ -25,7 +25,8 @@ ROWS = [   # (measure, how to read it from a contender's result, higher is bette
 ]
 
 
-def _table(sc):
+def scale_table(sc):
+    """(f)'s table: one row per measure, one column per contender, ackqueue's ratio."""
     labels = list(sc["results"])
     lines = ["| measure | " + " | ".join(labels) + " | ×pq (ackqueue) |",
              "|---|" + "---:|" * (len(labels) + 1)]
@@ -68,7 +69,7 @@ def _contender_note(label, r):
 
 
 def markdown_scale(sc, put_rate=None):
-    lines = [sc["description"], ""] + _table(sc)
+    lines = [sc["description"], ""] + scale_table(sc)
     for label, r in sc["results"].items():
         lines.append(_contender_note(label, r))
     why = "its public API has no bulk put, one fsync'd commit per put"
