@@ -6,7 +6,7 @@
 Starts the service in a child process with timers wrapped around its path (the aiohttp
 handler, each hand-off to the thread pool and back, the committer's commits and their
 FileStorage fsync, each ticket's wait), runs producer and consumer processes through
-the benchmark's ServiceAdapter (one keep-alive ackqueue.wire connection each; put; receive
+the benchmark's ServiceAdapter (one keep-alive ackqueue.remote.http connection each; put; receive
 carrying the previous ack), and prints each timer's percentiles in ms.  A diagnostic, not
 a benchmark: the timers cost a little, and the run is not beside any peer.  The child
 is `python -m benchmarks.trace_service serve PATH PORT DURABILITY`; it prints its

@@ -167,7 +167,7 @@ class RemoteConnection(ThreadBound):
         self._pending = []            # receipts acknowledged, riding on the next receive
         self._pending_since = None
         self._lock = threading.Lock()  # _pending, shared with the background thread
-        self._block = None            # the transaction block in progress (remote_block)
+        self._block = None            # the transaction block in progress (ackqueue.remote.block)
         self.closed = False
         state.conns.add(self)
 
@@ -578,7 +578,7 @@ class RemoteConnection(ThreadBound):
 
     def transaction(self):
         """``with conn.transaction():``: the block's puts and acks travel as one atomic
-        batch request when it ends; its gets are made at once (see remote_block)."""
+        batch request when it ends; its gets are made at once (see ackqueue.remote.block)."""
         self._check_thread()
         self.state.acknowledging = True
         if self._block is not None:

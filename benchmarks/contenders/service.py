@@ -1,5 +1,5 @@
 """ackqueue through its queue service: `ackqueue serve` on loopback, the native API (/v1)
-over one keep-alive connection per process through ackqueue.wire (the remote drop-in's
+over one keep-alive connection per process through ackqueue.remote.http (the remote drop-in's
 HTTP/1.1 client: one write per request, one buffer per answer).
 
 One message at a time: put is ``POST /v1/queues/bench/messages`` with the pickled item as
@@ -208,7 +208,7 @@ def start_server(directory):
 SHARED = SharedContender(
     "ackqueue-service", "ackqueue (service)", "ackqueue", "blocking",
     "one `ackqueue serve` per run on a fresh file (FileStorage, every commit fsync'd); "
-    "every process keeps one keep-alive connection (ackqueue.wire) and uses the native API: "
+    "every process keeps one keep-alive connection (ackqueue.remote.http) and uses the native API: "
     "put (the pickled item as the body), receive (long poll, frames), the ack riding on "
     "the next receive", start_server, lambda location, mode: ServiceAdapter(location),
     scenarios=("service",))

@@ -6,7 +6,7 @@ HTTP/1.1 server (a child process) where ``POST /put`` hands its body to a writer
 that commits it to a ZODB FileStorage (one record, fsync'd, as ackqueue's commits are)
 and, once durable, answers the POST and hands the body to a waiting ``GET /wait`` (a long
 poll), or keeps it for the next one.  The clients are the benchmark's processes, each
-with one keep-alive ackqueue.wire connection: put() is one POST, get() one long poll.
+with one keep-alive ackqueue.remote.http connection: put() is one POST, get() one long poll.
 No acks, no ids, no receive rules: a floor, not a queue.
 
 The same floor on aiohttp (``service-wake-floor-aiohttp``): the put and the long poll are
@@ -179,7 +179,7 @@ SHARED = SharedContender(
     "service-wake-floor", "floor: bare server, FileStorage commit, long poll", "floor",
     "blocking",
     "a floor, not a queue: a bare asyncio.Protocol server that commits each put's body "
-    "to a FileStorage (fsync'd) and then hands it to a waiting long poll; ackqueue.wire "
+    "to a FileStorage (fsync'd) and then hands it to a waiting long poll; ackqueue.remote.http "
     "clients", _provision, lambda location, mode: FloorAdapter(location),
     scenarios=("e_xproc",))
 
@@ -189,6 +189,6 @@ SHARED_AIOHTTP = SharedContender(
     "blocking",
     "a floor, not a queue: the same exchange as the bare floor, served by aiohttp (the "
     "service's HTTP stack): a put handler awaits its FileStorage commit (fsync'd), a long "
-    "poll handler awaits a body; ackqueue.wire clients",
+    "poll handler awaits a body; ackqueue.remote.http clients",
     functools.partial(_provision, stack="aiohttp"),
     lambda location, mode: FloorAdapter(location), scenarios=("e_xproc",))

@@ -74,7 +74,7 @@ def _polls_table(polls, c):
 
 def _floor_table(floor, c):
     lines = ["", "### The request floor of the stack (no storage work)", "",
-             f"{4} client processes, each one keep-alive connection (ackqueue.wire) sending "
+             f"{4} client processes, each one keep-alive connection (ackqueue.remote.http) sending "
              f"sequential GETs for {c['floor_seconds']} s.", "",
              "| server | requests/s | spread | server CPU (cores) | runs |",
              "|---|---:|---|---:|---:|"]
@@ -88,7 +88,7 @@ def _durable_table(durable, c):
     if not durable:
         return []
     lines = ["", "### The durable request floor (no queue: HTTP plus a group commit)", "",
-             f"{4} client processes, each one keep-alive connection (ackqueue.wire) "
+             f"{4} client processes, each one keep-alive connection (ackqueue.remote.http) "
              f"sending sequential POSTs for {c['floor_seconds']} s, each answered only once a "
              "group commit made its body durable (one pickled item, or 10 in frames); "
              "items/s = requests/s × items per request ÷ 2 (a put and a receive "

@@ -13,7 +13,7 @@
    answers each POST once a group commit made its body durable (append + fsync, and a
    ZODB FileStorage commit), hit by 4 client processes, bodies of 1 and of 10 items.
 
-Every client process (the scenario's and the floors') talks HTTP through ackqueue.wire,
+Every client process (the scenario's and the floors') talks HTTP through ackqueue.remote.http,
 the remote drop-in's client (one keep-alive connection each).  Every item carries the
 time.time() of its put, so that a consumer reports the latency
 from put to receive (same machine, same clock).  The server's CPU is psutil's user +
@@ -334,7 +334,7 @@ def child_floor_server(kind):
 
 
 def child_floor_client(host, port, path, seconds):
-    """Sequential keep-alive GETs through ackqueue.wire, the client the scenario's
+    """Sequential keep-alive GETs through ackqueue.remote.http, the client the scenario's
     processes use (the remote drop-in's)."""
     from ackqueue.remote.http import Connection
     report(event="ready", pid=os.getpid())

@@ -17,7 +17,7 @@ this says what HTTP plus the durable write allows, with no queue at all:
   the service runs on allows before any queue work.
 
 4 client processes (as 2 producers + 2 consumers) each send sequential keep-alive POSTs
-through ackqueue.wire, the client the scenario's processes use, each with the body of
+through ackqueue.remote.http, the client the scenario's processes use, each with the body of
 one pickled benchmark item, or of 10 in frames for the batch floor.  One message at a time
 costs two durable requests per message (its put, and the receive carrying its ack), a
 batch of 10 two per 10 messages; so the floor on items/s is rps / 2 and rps * 10 / 2.
