@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("aiohttp")
 
 from ackqueue import AckQueue                                   # noqa: E402
-from ackqueue.service.http import FRAMES, encode_frames         # noqa: E402
+from ackqueue.frames import FRAMES, encode_frames                # noqa: E402
 from tests.test_service import body_of, service                 # noqa: E402,F401
 
 

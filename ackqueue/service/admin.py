@@ -16,8 +16,9 @@ from aiohttp import web
 
 from ackqueue import store
 
+from . import params
 from .core import check_name
-from .http import ApiError, _name, _number
+from .errors import ApiError
 
 __all__ = ["add_routes", "Admin"]
 
@@ -34,7 +35,7 @@ class Admin:
         self.packing = None           # the running pack's future, shared by its waiters
 
     async def redrive(self, request):
-        name = _name(request)
+        name = params.queue_name(request)
         to = request.query.get("to")
         if to is not None:
             try:
@@ -50,7 +51,7 @@ class Admin:
         return web.json_response({"moved": moved})
 
     async def pack(self, request):
-        keep = _number(request, "keep_seconds", 0.0, hi=store.MAX_RETENTION)
+        keep = params.number(request, "keep_seconds", 0.0, hi=store.MAX_RETENTION)
         joined = self.packing is not None
         if not joined:
             self.packing = asyncio.ensure_future(self.api.run(self.api.service.pack, keep))

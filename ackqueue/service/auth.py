@@ -1,4 +1,4 @@
-"""TLS and access control for ``ackqueue serve`` (issue 22 point 7).
+"""TLS and access control for ``ackqueue serve``.
 
 ``--auth FILE`` names the clients, a secret each, and their rights per queue pattern::
 

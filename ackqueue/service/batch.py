@@ -37,9 +37,11 @@ from ackqueue import codec, jsontext, store
 from ackqueue.atomic import transaction
 from ackqueue.errors import DuplicateMessage, ItemTooLarge, QueueKindMismatch, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
+from ackqueue.frames import FRAMES, decode_frames
 
 from .core import check_client, check_name
-from .http import FRAMES, MAX_BATCH, ApiError, decode_frames
+from .errors import ApiError
+from .params import MAX_BATCH
 
 __all__ = ["add_routes", "parse", "queues_named"]
 

@@ -21,7 +21,10 @@ from aiohttp import web
 from ackqueue import codec
 from ackqueue.errors import CodecMismatch, EncodingRefused
 
-__all__ = ["add_routes", "openapi_paths", "check_bodies", "in_queue_codec", "refused"]
+from . import params
+from .errors import ApiError, refused
+
+__all__ = ["add_routes", "openapi_paths", "check_bodies", "in_queue_codec"]
 
 
 def check_bodies(q, bodies):
@@ -49,19 +52,10 @@ def in_queue_codec(q, body, index=None):
     return body
 
 
-def refused(exc):
-    """The ApiError (415 UnsupportedEncoding) for an EncodingRefused."""
-    from .http import ApiError
-    return ApiError(415, "UnsupportedEncoding", str(exc), codec=exc.codec,
-                    encoding=exc.encoding)
-
-
 def add_routes(app, api):
-    """Register the two routes on the service's application (api: http.Api)."""
-    from .http import ApiError, _name
-
+    """Register the two routes on the service's application (api: runtime.Api)."""
     async def handle(request):
-        name = _name(request)
+        name = params.queue_name(request)
         wanted = None
         if request.method == "PUT":
             wanted = request.query.get("codec")

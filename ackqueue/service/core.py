@@ -3,7 +3,7 @@ leases, and the receipt handles of the deliveries held for remote clients.
 
 Everything here uses the queue's public seams (AckQueue, q.connect(thread_bound=False),
 put_many(encoded=True), get_many(raw=True), DuplicateMessage.original_id); the event
-loop (ackqueue.service.http) calls the blocking parts from its thread pool.
+loop (ackqueue.service.runtime) calls the blocking parts from its thread pool.
 
 Threads: the maps (sessions, receipts, queues) are changed only in the event loop's thread,
 except ``Service.queue``, which opens a queue under a lock from a pool thread.  A client's
@@ -128,8 +128,17 @@ class Service:
         self.receipts = {}            # receipt handle -> Delivery
         self.closed = False
 
-    def queue(self, name):
-        """The AckQueue named name, opened on first use (blocking: call from the pool)."""
+    @property
+    def db(self):
+        """The ZODB database of the service's storage (for the records the service keeps
+        beside the queues: stream leases, the SQS registry)."""
+        return self._handle.db
+
+    def queue(self, name, *, lifo=False):
+        """The AckQueue named name, opened on first use and kept until close (blocking:
+        call from the pool).  lifo: the kind it is opened as when this call opens it; a
+        queue open already is returned as it is (the caller compares its kind).
+        RuntimeError once the service is closing."""
         q = self.queues.get(name)
         if q is not None:
             return q
@@ -138,12 +147,16 @@ class Service:
             if q is None:
                 if self.closed:
                     raise RuntimeError("the service is closing")
-                if self.path is None:
-                    q = AckQueue(db=self._handle.db, name=name)
-                else:
-                    q = AckQueue(path=self.path, name=name, durability=self.durability)
-                self.queues[name] = q
+                q = self.queues[name] = self.open_front(name, lifo=lifo)
             return q
+
+    def open_front(self, name, maxsize=0, *, lifo=False):
+        """A new AckQueue front on queue name of the service's storage, with its own
+        maxsize, not kept by the service: the caller closes it (blocking)."""
+        if self.path is None:
+            return AckQueue(maxsize, db=self._handle.db, name=name, lifo=lifo)
+        return AckQueue(maxsize, path=self.path, name=name, durability=self.durability,
+                        lifo=lifo)
 
     def committer(self):
         """The committer of the service's storage: the event loop's bridge listens to it

@@ -4,7 +4,7 @@ GET /queues, /health (shared with the native API), /stats (JSON; the HTML page i
 stats page's).
 
 Every request goes through the library's queues and group commit, as the native API's do
-(ackqueue.service.http.Api: its thread pool, ready listeners and long-poll waiters).
+(runtime.Api: its thread pool, ready listeners and long-poll waiters).
 Sasquatch's defaults and limits (SasquatchSettings: 4 receives then dead letter or drop,
 5,000 messages per queue, 256 KB bodies, ...) apply to requests through this API only: the
 native API and Python keep the library's defaults.
@@ -25,25 +25,25 @@ import hashlib
 import queue as _stdlib_queue
 import random
 import re
+import threading
 import time
 from collections import Counter
 
 from aiohttp import web
 
-import ackqueue
-from ackqueue import AckQueue, codec, jsontext, store
+from ackqueue import codec, jsontext, store
 from ackqueue.browse import READY
 from ackqueue.errors import DuplicateMessage, EncodingRefused, NotHeld, QueueKindMismatch
 from ackqueue.state import PutOptions
 
-from . import auth, codecs
+from . import auth
 from .config import SasquatchSettings
 from .core import ClientConn, Session, take_now
-from .http import ApiError
+from .errors import ApiError, refused
+from .runtime import VERSION
 
 __all__ = ["add_routes", "sasquatch_stats", "VERSION", "OPENAPI_PATHS"]
 
-VERSION = ackqueue.__version__
 _QUEUE = re.compile(r"[A-Za-z0-9_\-]{1,80}\Z")
 _DEDUP = re.compile(r"[A-Za-z0-9]{1,128}\Z")
 MAX_BATCH = 10
@@ -160,6 +160,7 @@ class Sasquatch:
         self.cfg = settings or SasquatchSettings()
         self.limited = {}           # queue name -> AckQueue with maxsize (for sends)
         self.conns = {}             # queue name -> ClientConn holding this API's deliveries
+        self.lock = threading.Lock()    # limited and conns, changed from pool threads
         # Deliveries through this API belong to no client lease: they come back at their
         # visibility deadline, as Sasquatch's do.
         self.session = Session("sasquatch", 0.0)
@@ -177,26 +178,18 @@ class Sasquatch:
     def _open(self, name):
         """(queue, its maxsize twin) of name, opened LIFO when name ends in _lifo
         (blocking: from the pool).  QueueKindMismatch if it is open as another kind."""
-        svc = self.service
         want = store.LIFO if name.endswith("_lifo") else store.FIFO
-        kwargs = ({"db": svc._handle.db} if svc.path is None else
-                  {"path": svc.path, "durability": svc.durability})
-        with svc._lock:
-            if svc.closed:
-                raise RuntimeError("the service is closing")
-            q = svc.queues.get(name)
-            if q is None:
-                q = AckQueue(name=name, lifo=want == store.LIFO, **kwargs)
-                svc.queues[name] = q
-            if q.kind != want:
-                raise QueueKindMismatch(
-                    f"queue {name!r} is open as {store.KIND_NAMES[q.kind]}; "
-                    f"through Sasquatch's API a name ending in _lifo is LIFO and any other "
-                    f"FIFO")
+        q = self.service.queue(name, lifo=want == store.LIFO)
+        if q.kind != want:
+            raise QueueKindMismatch(
+                f"queue {name!r} is open as {store.KIND_NAMES[q.kind]}; "
+                f"through Sasquatch's API a name ending in _lifo is LIFO and any other "
+                f"FIFO")
+        with self.lock:
             lim = self.limited.get(name)
             if lim is None:
-                lim = self.limited[name] = AckQueue(
-                    self.cfg.max_queue_length, name=name, lifo=want == store.LIFO, **kwargs)
+                lim = self.limited[name] = self.service.open_front(
+                    name, self.cfg.max_queue_length, lifo=want == store.LIFO)
             cc = self.conns.get(name)
             if cc is None:
                 cc = self.conns[name] = ClientConn(q, q.connect(thread_bound=False))
@@ -274,7 +267,7 @@ class Sasquatch:
         try:                                  # text, in the queue's codec
             body = codec.mark_text(lim.codec, codec.payload(body), name)
         except EncodingRefused as exc:
-            raise codecs.refused(exc) from None
+            raise refused(exc) from None
 
         def put(then):
             return lim.put_many([body], False, None, options=opts, dedup_ids=[dedup],

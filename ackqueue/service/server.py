@@ -11,7 +11,7 @@ from aiohttp import web
 from ..storage import note_holder
 from .core import Service
 from .gate import HEADER_TIMEOUT, Gate, default_caps
-from .http import make_app
+from .app import make_app
 from .listener import Listener, RateLimitedLog
 
 __all__ = ["serve", "DEFAULT_PORT", "descriptor_limit"]
