@@ -122,7 +122,7 @@ def _dump():
 def serve(path, port, durability):
     _instrument()
     atexit.register(_dump)
-    from ackqueue.service.server import serve as run_service
+    from ackqueue.service.main import serve as run_service
     run_service(path, port=int(port), durability=durability)
 
 

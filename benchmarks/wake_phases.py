@@ -30,8 +30,8 @@ def _traced_serve(path, durability, log_path):
     """The child: ackqueue serve with stamps (runs in its own process)."""
     from aiohttp import web
     from ackqueue import queue as front
-    from ackqueue.service import core, http, runtime
-    from ackqueue.service.server import serve
+    from ackqueue.service import backend, http, runtime
+    from ackqueue.service.main import serve
     log = open(log_path, "a", buffering=1)
 
     def mark(what):
@@ -69,7 +69,7 @@ def _traced_serve(path, durability, log_path):
     around(front.AckQueue, "put_many", "put_many")
     around(runtime.Api, "_listener", "listener")
     around(runtime.Api, "wake", "wake")
-    around(core.Service, "receive", "claim", "claimed", static=True)
+    around(backend.Service, "receive", "claim", "claimed", static=True)
     serve(path, port=0, durability=durability)
 
 

@@ -13,7 +13,7 @@ from aiohttp import web                                          # noqa: E402
 
 def test_make_app_uses_app_keys_no_not_app_key_warning(tmp_path):
     from ackqueue.service import auth as auth_mod
-    from ackqueue.service.core import Service
+    from ackqueue.service.backend import Service
     from ackqueue.service.app import API, make_app
     path = tmp_path / "auth.json"
     path.write_text(json.dumps({"clients": {"root": {
@@ -59,7 +59,7 @@ def test_with_auth_a_body_past_the_limit_gets_413_before_auth_reads_it(serve_aut
     """The auth middleware reads these bodies for their queue names: before the fix it
     read a 50 MB body that never came (no size check, no timeout) and held the
     connection open."""
-    from ackqueue.service.server import LINGER
+    from ackqueue.service.main import LINGER
     from tests.test_service_limits import SLACK, connect, parse, read_until_closed
     s = serve_auth("--client-timeout", "30")
     sock = connect(s)
@@ -78,7 +78,7 @@ def test_with_auth_a_body_past_the_limit_gets_413_before_auth_reads_it(serve_aut
 
 
 def test_with_auth_a_stalled_body_gets_408_before_auth_reads_it(serve_auth):
-    from ackqueue.service.server import LINGER
+    from ackqueue.service.main import LINGER
     from tests.test_service_limits import SLACK, connect, parse, read_until_closed
     s = serve_auth("--client-timeout", "1")
     sock = connect(s)

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from ackqueue.service.server import LINGER                      # noqa: E402
+from ackqueue.service.main import LINGER                      # noqa: E402
 from tests.test_service import Service, until                   # noqa: E402
 
 SLACK = 3.0       # scheduling on a loaded 2-core machine

@@ -17,7 +17,7 @@ from aiohttp import web
 from ackqueue import store
 
 from . import params
-from .core import check_name
+from .backend import check_name
 from .errors import ApiError
 
 __all__ = ["add_routes", "Admin"]

@@ -7,8 +7,7 @@ only module that imports them all; only main.py (``ackqueue serve``) and tests i
 """
 from aiohttp import web
 
-from . import admin, batch, batches, codecs, http, sqs, stats
-from . import sasquatch as rpc
+from . import admin, atomic_batch, encodings, http, leased_batches, rpc, sqs, stats
 from .runtime import API, Api
 
 __all__ = ["make_app", "API"]
@@ -17,8 +16,8 @@ __all__ = ["make_app", "API"]
 def make_app(service, *, pool_size=64, max_body=1 << 20, client_timeout=60.0,
              sasquatch=None, auth=None):
     """The aiohttp application serving service's native API, Sasquatch's API
-    (sasquatch: its config.SasquatchSettings, or None: the defaults), the SQS protocol, the stats page
-    and metrics (auth: an auth.Auth, or None: no access control)."""
+    (sasquatch: its config.SasquatchSettings, or None: the defaults), the SQS protocol,
+    the stats page and metrics (auth: an auth.Auth, or None: no access control)."""
     api = Api(service, pool_size=pool_size, max_body=max_body, client_timeout=client_timeout)
     app = web.Application(middlewares=[api.errors], client_max_size=api.client_max_size)
     app[API] = api
@@ -26,10 +25,10 @@ def make_app(service, *, pool_size=64, max_body=1 << 20, client_timeout=60.0,
     app.on_shutdown.append(api.on_shutdown)
     app.on_cleanup.append(api.on_cleanup)
     http.add_routes(app, api)                   # the native API (/health, /v1/queues...)
-    batch.add_routes(app, api)                  # POST /v1/batch
+    atomic_batch.add_routes(app, api)                 # POST /v1/batch
     admin.add_routes(app, api)                  # redrive, pack
-    codecs.add_routes(app, api)                 # /v1/queues/{name}/codec
-    batches.add_routes(app, api)                # leased batches, row puts (stream processors)
+    encodings.add_routes(app, api)                # /v1/queues/{name}/codec
+    leased_batches.add_routes(app, api)               # leased batches, row puts (stream processors)
     stats.add_routes(app, api, json_first=rpc.sasquatch_stats)  # /stats, /metrics
     rpc.add_routes(app, api, sasquatch)         # Sasquatch's API on the same port
     sqs.add_routes(app, api, auth)              # the SQS JSON protocol on POST /

@@ -21,7 +21,7 @@ from ackqueue import codec, store
 from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
 from ackqueue.frames import FRAMES, decode_frames, encode_frames
 
-from . import codecs, params, runtime
+from . import encodings, params, runtime
 from .errors import ApiError
 from .openapi import document
 from .params import MAX_BATCH, MAX_RECEIVE, MAX_WAIT
@@ -93,7 +93,7 @@ class Native:
                            f"a message body is at most {self.api.max_body} bytes")
         body = params.marked(params.encoding(request), body)
         q = await self.api.queue(name)
-        codecs.check_bodies(q, [body])
+        encodings.check_bodies(q, [body])
         try:
             [mid] = await self.api.put_many(q, [body], dedup_ids=[dedup_id], **opts)
         except DuplicateMessage as exc:
@@ -125,7 +125,7 @@ class Native:
         if dedup_id is not None:
             dedup_ids = [dedup_id] + [None] * (len(bodies) - 1)
         q = await self.api.queue(name)
-        codecs.check_bodies(q, bodies[:1])      # (one encoding for the whole batch)
+        encodings.check_bodies(q, bodies[:1])      # (one encoding for the whole batch)
         try:
             ids = await self.api.put_many(q, bodies, dedup_ids=dedup_ids, **opts)
         except DuplicateMessage as exc:

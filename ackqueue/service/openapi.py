@@ -61,12 +61,12 @@ def _errors(*codes):
 
 
 def _sasquatch_paths():
-    from .sasquatch import OPENAPI_PATHS
+    from .rpc import OPENAPI_PATHS
     return OPENAPI_PATHS
 
 
 def _batches_paths():
-    from .batches import OPENAPI_PATHS
+    from .leased_batches import OPENAPI_PATHS
     return OPENAPI_PATHS
 
 
@@ -237,10 +237,10 @@ def document():
     }
     from .stats import openapi_paths             # /stats, /stats.json, /metrics; auth
     openapi_paths(doc)
-    from . import admin, batch, codecs
-    batch.openapi_paths(doc)                     # /v1/batch
+    from . import admin, atomic_batch, encodings
+    atomic_batch.openapi_paths(doc)                     # /v1/batch
     admin.openapi_paths(doc)                     # redrive, pack
-    codecs.openapi_paths(doc)                    # /v1/queues/{name}/codec
+    encodings.openapi_paths(doc)                    # /v1/queues/{name}/codec
     _storage_full(doc)
     return doc
 

@@ -11,7 +11,7 @@ import math
 from ackqueue import codec, jsontext, store
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 
-from .core import check_client, check_name
+from .backend import check_client, check_name
 from .errors import ApiError
 
 __all__ = ["MAX_BATCH", "MAX_RECEIVE", "MAX_WAIT", "number", "queue_name", "client",

@@ -39,7 +39,7 @@ from ackqueue.errors import EncodingRefused
 
 from . import storagefull
 from .bridge import Bridge
-from .core import check_client
+from .backend import check_client
 from .errors import TOO_LARGE, ApiError, closing_response, error_response, refused
 from .listener import RateLimitedLog
 from .waker import Waker

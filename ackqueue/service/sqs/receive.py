@@ -8,7 +8,7 @@ from ackqueue import codec
 from ackqueue.errors import NotHeld, StaleAck
 
 from . import msgattrs
-from ..core import take_now
+from ..backend import take_now
 from .digest import md5_of_attributes
 from .errors import SqsError
 from .messages import SYSTEM_NAMES, _entries, _failed, message_id

@@ -38,7 +38,7 @@ from ackqueue.state import PutOptions
 
 from . import auth
 from .config import SasquatchSettings
-from .core import ClientConn, Session, take_now
+from .backend import ClientConn, Session, take_now
 from .errors import ApiError, refused
 from .runtime import VERSION
 

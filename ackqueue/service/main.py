@@ -9,7 +9,7 @@ import sys
 from aiohttp import web
 
 from ..storage import note_holder
-from .core import Service
+from .backend import Service
 from .gate import HEADER_TIMEOUT, Gate, default_caps
 from .app import make_app
 from .listener import Listener, RateLimitedLog

@@ -66,8 +66,8 @@ from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 from ackqueue.state import PutOptions
 from ackqueue.frames import FRAMES, decode_frames, encode_frames
 
-from . import codecs, params
-from .core import check_client, check_name
+from . import encodings, params
+from .backend import check_client, check_name
 from .errors import ApiError
 from .params import MAX_BATCH
 from .runtime import API
@@ -290,7 +290,7 @@ async def put_rows(request):
     for i, (body, d, p, a) in enumerate(zip(bodies, dedup_ids, priorities, attributes)):
         _check_row(i, body, d, p, a, api.max_body)
         attrs = tuple(sorted(a.items())) or None if a else None
-        body = codecs.in_queue_codec(q, params.marked(what, body, i), i)
+        body = encodings.in_queue_codec(q, params.marked(what, body, i), i)
         if groups and groups[-1][0] == (p, attrs):
             groups[-1][1].append((body, d))
         else:
@@ -334,7 +334,7 @@ OPENAPI_PATHS = {
     "/v1/queues/{name}/streams/{stream}/batches/{seq}/{part}": {"post": {
         "summary": "a leased batch part: the first call receives up to max messages and "
                    "holds them under (stream, seq, part); later calls return the same "
-                   "ones until the stream commits seq (service/batches.py)",
+                   "ones until the stream commits seq (service/leased_batches.py)",
         "parameters": [
             _QUEUE, _STREAM,
             _p("seq", "path", {"type": "integer", "minimum": 0}, "batch number", True),

@@ -255,7 +255,7 @@ class Service:
     @staticmethod
     def ack_submit(cc, messages, then):
         """Acknowledge messages held by cc in one commit, all or (StaleAck) none, without
-        waiting for it (the seam's then=; http.Api.ack_many calls it from a pool thread
+        waiting for it (the seam's then=; runtime.Api.ack_many calls it from a pool thread
         when cc's lock is busy): StaleAck at once, else then(error) once durable."""
         with cc.lock:
             cc.queue.ack_many(messages, then=then)

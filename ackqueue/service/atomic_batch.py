@@ -39,7 +39,7 @@ from ackqueue.errors import DuplicateMessage, ItemTooLarge, QueueKindMismatch, S
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 from ackqueue.frames import FRAMES, decode_frames
 
-from .core import check_client, check_name
+from .backend import check_client, check_name
 from .errors import ApiError
 from .params import MAX_BATCH
 
