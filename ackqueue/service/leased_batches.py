@@ -73,7 +73,7 @@ from .params import MAX_BATCH
 from .runtime import API
 from .streams import Book
 
-__all__ = ["add_routes", "BatchLeases", "OPENAPI_PATHS"]
+__all__ = ["add_routes", "BatchLeases"]
 
 log = logging.getLogger("ackqueue.service")
 
@@ -312,84 +312,3 @@ def add_routes(app, api):
     r.add_post("/v1/queues/{name}/streams/{stream}/commit", commit_stream)
     r.add_get("/v1/queues/{name}/streams", list_streams)
     r.add_post("/v1/queues/{name}/rows", put_rows)
-
-
-def _p(name, where, schema, description, required=False):
-    return {"name": name, "in": where, "required": required, "schema": schema,
-            "description": description}
-
-
-def _err():
-    return {"description": "error", "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/Error"}}}}
-
-
-_QUEUE = _p("name", "path", {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,80}$"},
-            "queue name", True)
-_STREAM = _p("stream", "path", {"type": "string", "pattern": "^[A-Za-z0-9_.:\\-]{1,128}$"},
-             "the stream's id (kept by the processor, e.g. in its checkpoint)", True)
-_FRAMES_BODY = {"required": True, "content": {FRAMES: {"schema": {"type": "string",
-                                                                  "format": "binary"}}}}
-OPENAPI_PATHS = {
-    "/v1/queues/{name}/streams/{stream}/batches/{seq}/{part}": {"post": {
-        "summary": "a leased batch part: the first call receives up to max messages and "
-                   "holds them under (stream, seq, part); later calls return the same "
-                   "ones until the stream commits seq (service/leased_batches.py)",
-        "parameters": [
-            _QUEUE, _STREAM,
-            _p("seq", "path", {"type": "integer", "minimum": 0}, "batch number", True),
-            _p("part", "path", {"type": "integer", "minimum": 0}, "part of the batch", True),
-            _p("max", "query", {"type": "integer", "minimum": 1,
-                                "maximum": MAX_BATCH_RECEIVE, "default": 1},
-               "most messages the part receives"),
-            _p("visibility_timeout", "query", {"type": "number", "minimum": 0.001,
-                                               "maximum": 43200, "default": 30},
-               "seconds the part's messages stay leased from this call"),
-            _p("max_receives", "query", {"type": "integer", "minimum": 1, "maximum": 1000},
-               "reads of the part after which it is halved, or one message dead-lettered"),
-            _p("dead_letter", "query", {"type": "string"}, "the dead-letter queue"),
-            _p("format", "query", {"type": "string", "enum": ["messages", "columns"],
-                                   "default": "messages"},
-               "the answer's layout: a header per message, or columns (Arrow's layout)")],
-        "responses": {"200": {"description": "frames: a JSON header, then the bodies",
-                              "content": {FRAMES: {"schema": {"type": "string",
-                                                              "format": "binary"}}}},
-                      "400": _err(), "500": _err()}}},
-    "/v1/queues/{name}/streams/{stream}/commit": {"post": {
-        "summary": "acknowledge every batch part of the stream up to seq upto "
-                   "(cumulative, idempotent)",
-        "parameters": [_QUEUE, _STREAM,
-                       _p("upto", "query", {"type": "integer", "minimum": 0},
-                          "the last batch committed", True)],
-        "responses": {"200": {"description": "ok", "content": {"application/json": {
-            "schema": {"type": "object", "properties": {
-                "acked": {"type": "integer"}, "committed": {"type": "integer"}}}}}},
-            "400": _err(), "500": _err()}}},
-    "/v1/queues/{name}/streams": {"get": {
-        "summary": "the queue's streams as leased now: last seq committed, parts and "
-                   "messages leased (service/streams.py)",
-        "parameters": [_QUEUE],
-        "responses": {"200": {"description": "ok", "content": {"application/json": {
-            "schema": {"type": "object", "properties": {"streams": {
-                "type": "object", "additionalProperties": {
-                    "type": "object", "properties": {
-                        "committed": {"type": "integer"}, "parts": {"type": "integer"},
-                        "messages": {"type": "integer"}}}}}}}}},
-            "400": _err()}}},
-    "/v1/queues/{name}/rows": {"post": {
-        "summary": "put rows, each under its own dedup id; a row put before within "
-                   "dedup_window seconds is skipped (counted as a duplicate)",
-        "parameters": [
-            _QUEUE,
-            _p("encoding", "query", {"type": "string",
-                                     "enum": ["str", "bytes", "json", "pickle"]},
-               "what every body holds (default bytes)"),
-            _p("dedup_window", "query", {"type": "number", "minimum": 1,
-                                         "maximum": 1209600, "default": 86400},
-               "seconds a dedup id is remembered")],
-        "requestBody": _FRAMES_BODY,
-        "responses": {"200": {"description": "ok", "content": {"application/json": {
-            "schema": {"type": "object", "properties": {
-                "put": {"type": "integer"}, "duplicates": {"type": "integer"}}}}}},
-            "400": _err(), "413": _err(), "500": _err()}}},
-}

@@ -276,37 +276,6 @@ async def metrics(request):
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def openapi_paths(doc):
-    """Add this module's routes, and the bearer scheme of --auth, to the OpenAPI document."""
-    text = {"description": "ok", "content": {"text/html": {"schema": {"type": "string"}}}}
-    row = {"type": "object", "properties": {
-        k: {"type": t, "nullable": True} for k, t in (
-            ("name", "string"), ("ready", "integer"), ("in_flight", "integer"),
-            ("delayed", "integer"), ("dead_lettered", "integer"), ("oldest_age", "number"),
-            ("in_rate", "number"), ("out_rate", "number"))}}
-    row["properties"]["totals"] = {"type": "object",
-                                   "additionalProperties": {"type": "integer"}}
-    figures = {"type": "object", "properties": {
-        "time": {"type": "number"}, "rate_window": {"type": "number", "nullable": True},
-        "service": {"type": "object", "additionalProperties": {"type": "number"}},
-        "queues": {"type": "array", "items": row}}}
-    doc["paths"]["/stats"] = {"get": {
-        "summary": "the stats page (HTML, refreshed live); needs admin under --auth",
-        "responses": {"200": text}}}
-    doc["paths"]["/stats.json"] = {"get": {
-        "summary": "every queue's counts, head age and in/out rates; needs admin under --auth",
-        "responses": {"200": {"description": "ok", "content": {
-            "application/json": {"schema": figures}}}}}}
-    doc["paths"]["/metrics"] = {"get": {
-        "summary": "the same figures in Prometheus' text format; needs admin under --auth",
-        "responses": {"200": {"description": "ok", "content": {
-            "text/plain": {"schema": {"type": "string"}}}}}}}
-    doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
-        "type": "http", "scheme": "bearer",
-        "description": "with --auth: Authorization: Bearer <secret> (see docs/service.md, 'TLS and "
-                       "access control'); without --auth no credentials are needed"}
-
-
 def add_routes(app, api, json_first=None):
     """Serve /stats, /stats.json and /metrics from app (api: the runtime.Api).
     json_first(request): another front's JSON answer to GET /stats (Sasquatch's request
