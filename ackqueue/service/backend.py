@@ -1,5 +1,6 @@
-"""The service's state: named queues opened lazily over one storage, client sessions with
-leases, and the receipt handles of the deliveries held for remote clients.
+"""The service's one backend: named queues opened lazily over one storage, client sessions
+with leases, and the receipt handles of the deliveries held for remote clients.  Every
+front (native, Sasquatch's RPC, SQS, batches) reaches the store through it.
 
 Everything here uses the queue's public seams (AckQueue, q.connect(thread_bound=False),
 put_many(encoded=True), get_many(raw=True), DuplicateMessage.original_id); the event
@@ -113,7 +114,22 @@ class Leases:
 
 
 class Service:
-    """Queues of one storage (a file, or memory when path is None)."""
+    """Queues of one storage (a file, or memory when path is None).
+
+    Contract (what the fronts and the runtime use):
+    - ``path``, ``durability``, ``closed``; ``db``: the storage's ZODB database, for the
+      records kept beside the queues; ``committer()``: what the bridge listens to;
+    - ``queues`` (name -> AckQueue, read on the loop), ``queue(name, lifo=)`` (opens and
+      keeps one, pool thread), ``open_front(name, maxsize, lifo=)`` (a front the caller
+      owns), ``list_queues()``, ``pack(keep_seconds)``;
+    - ``leases`` (Leases: the sessions), ``client_conn(session, name)``,
+      ``close_session_conns(session)``;
+    - deliveries: ``receive``, ``receive_now``, ``register`` (their receipts),
+      ``receipts`` (receipt -> Delivery), ``forget``, ``give_back``, ``ack_submit``,
+      ``nack``, ``change_visibility``; ``close()`` releases the storage.
+    Blocking methods run in the runtime's pool, never on the loop (receive_now and the
+    maps aside).
+    """
 
     def __init__(self, path=None, *, durability="fsync", lease_timeout=30.0,
                  clock=time.monotonic):

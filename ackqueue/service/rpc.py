@@ -268,12 +268,9 @@ class Sasquatch:
             body = codec.mark_text(lim.codec, codec.payload(body), name)
         except EncodingRefused as exc:
             raise refused(exc) from None
-
-        def put(then):
-            return lim.put_many([body], False, None, options=opts, dedup_ids=[dedup],
-                                encoded=True, then=then)
-        try:
-            [mid] = await self.api.bridge.durable(put)
+        try:                                  # never waits for room: Full answers 503
+            [mid] = await self.api.put_many(lim, [body], block=False, options=opts,
+                                            dedup_ids=[dedup])
         except _stdlib_queue.Full:
             raise ApiError(503, "QueueFull", f"queue {name!r} has reached its maximum of "
                                              f"{self.cfg.max_queue_length} messages") from None
