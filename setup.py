@@ -7,6 +7,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["ackqueue", "ackqueue.*"]),
+    package_data={"ackqueue.service": ["openapi.json"]},   # the OpenAPI document
     python_requires=">=3.9",
     install_requires=["ZODB>=5.8", "ZEO>=6", "persistent>=4.9", "transaction>=3.0",
                       "BTrees>=4.11", "click>=8.1"],

@@ -38,7 +38,7 @@ def _instrument():
     from aiohttp import web
     from ZODB.FileStorage.FileStorage import FileStorage
     from ackqueue import commit
-    from ackqueue.service import http
+    from ackqueue.service import runtime
 
     async def run(self, fn, *args):
         box, t_sub = {}, time.perf_counter()
@@ -53,9 +53,9 @@ def _instrument():
         _record("pool hop: loop -> pool thread", box["start"] - t_sub)
         _record("pool hop: pool thread -> loop", time.perf_counter() - box["end"])
         return result
-    http.Api.run = run
+    runtime.Api.run = run
 
-    original_attempt = http.Api._attempt
+    original_attempt = runtime.Api._attempt
 
     async def attempt(self, cc, fn, give_back):
         t = time.perf_counter()
@@ -63,9 +63,9 @@ def _instrument():
             return await original_attempt(self, cc, fn, give_back)
         finally:
             _record("receive: one try in the pool (with hops)", time.perf_counter() - t)
-    http.Api._attempt = attempt
+    runtime.Api._attempt = attempt
 
-    original_errors = http.Api.errors
+    original_errors = runtime.Api.errors
 
     @web.middleware
     async def errors(self, request, handler):
@@ -74,7 +74,7 @@ def _instrument():
             return await original_errors(self, request, handler)
         finally:
             _record(f"handler: {request.path.rsplit('/', 1)[-1]}", time.perf_counter() - t)
-    http.Api.errors = errors
+    runtime.Api.errors = errors
 
     original_try = commit.Committer._try_commit
 
@@ -122,7 +122,7 @@ def _dump():
 def serve(path, port, durability):
     _instrument()
     atexit.register(_dump)
-    from ackqueue.service.server import serve as run_service
+    from ackqueue.service.main import serve as run_service
     run_service(path, port=int(port), durability=durability)
 
 

@@ -30,8 +30,8 @@ def _traced_serve(path, durability, log_path):
     """The child: ackqueue serve with stamps (runs in its own process)."""
     from aiohttp import web
     from ackqueue import queue as front
-    from ackqueue.service import core, http
-    from ackqueue.service.server import serve
+    from ackqueue.service import backend, http, runtime
+    from ackqueue.service.main import serve
     log = open(log_path, "a", buffering=1)
 
     def mark(what):
@@ -48,7 +48,7 @@ def _traced_serve(path, durability, log_path):
             return r
         setattr(cls, name, staticmethod(sync) if static else sync)
 
-    errors, put, receive = http.Api.errors, http.Api.put, http.Api.receive
+    errors, put, receive = runtime.Api.errors, http.Native.put, http.Native.receive
 
     @web.middleware
     async def traced_errors(self, request, handler):
@@ -64,12 +64,12 @@ def _traced_serve(path, durability, log_path):
         r = await receive(self, request)
         mark("answered")
         return r
-    http.Api.errors, http.Api.put = traced_errors, traced_put
-    http.Api.receive = traced_receive
+    runtime.Api.errors, http.Native.put = traced_errors, traced_put
+    http.Native.receive = traced_receive
     around(front.AckQueue, "put_many", "put_many")
-    around(http.Api, "_listener", "listener")
-    around(http.Api, "_wake", "wake")
-    around(core.Service, "receive", "claim", "claimed", static=True)
+    around(runtime.Api, "_listener", "listener")
+    around(runtime.Api, "wake", "wake")
+    around(backend.Service, "receive", "claim", "claimed", static=True)
     serve(path, port=0, durability=durability)
 
 

@@ -114,7 +114,7 @@ def test_a_file_a_plain_process_holds_is_refused_naming_the_service_as_the_way_t
     README recommends for sharing a file between processes: ackqueue serve FILE, and
     AckQueue(path="http://127.0.0.1:8080", ...) in every process; not ZEO."""
     from ackqueue.filestorage import SHARING_URL
-    from ackqueue.service.server import DEFAULT_PORT
+    from ackqueue.service.main import DEFAULT_PORT
     assert SHARING_URL == f"http://127.0.0.1:{DEFAULT_PORT}"
     path = tmp_path / "q.fs"
     holder = spawn(HOLDER, path)

@@ -206,7 +206,7 @@ def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout,
     if memory and options["durability"] != "fsync":
         raise click.UsageError("--durability applies to a queue file, not --memory")
     try:
-        from ..service.server import serve as run_service
+        from ..service.main import serve as run_service
     except ImportError as exc:
         raise click.UsageError(f"the queue service needs aiohttp ({exc}): "
                                "pip install 'ackqueue[service]'") from None

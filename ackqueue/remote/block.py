@@ -2,7 +2,7 @@
 
 A transaction block of an embedded queue makes its gets, puts and acks one ZODB commit.
 Through ``ackqueue serve`` the same promise is kept with the service's atomic batch
-(``POST /v1/batch``, ackqueue/service/batch.py), which the service writes as one commit:
+(``POST /v1/batch``, ackqueue/service/atomic_batch.py), which the service writes as one commit:
 
 - a get inside the block is a real receive, made at once (the code needs the item): the
   message is in flight, held for this client as any delivery is;

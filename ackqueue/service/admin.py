@@ -16,8 +16,9 @@ from aiohttp import web
 
 from ackqueue import store
 
-from .core import check_name
-from .http import ApiError, _name, _number
+from . import params
+from .backend import check_name
+from .errors import ApiError
 
 __all__ = ["add_routes", "Admin"]
 
@@ -34,7 +35,7 @@ class Admin:
         self.packing = None           # the running pack's future, shared by its waiters
 
     async def redrive(self, request):
-        name = _name(request)
+        name = params.queue_name(request)
         to = request.query.get("to")
         if to is not None:
             try:
@@ -50,7 +51,7 @@ class Admin:
         return web.json_response({"moved": moved})
 
     async def pack(self, request):
-        keep = _number(request, "keep_seconds", 0.0, hi=store.MAX_RETENTION)
+        keep = params.number(request, "keep_seconds", 0.0, hi=store.MAX_RETENTION)
         joined = self.packing is not None
         if not joined:
             self.packing = asyncio.ensure_future(self.api.run(self.api.service.pack, keep))
@@ -64,32 +65,3 @@ class Admin:
         self.packing = None
         if not future.cancelled():
             future.exception()        # retrieved: each waiter sees it (a 500, logged)
-
-
-def openapi_paths(doc):
-    """Add the redrive and pack endpoints to the OpenAPI document."""
-    err = {"description": "error", "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/Error"}}}}
-    name = {"name": "name", "in": "path", "required": True,
-            "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,80}$"}}
-    doc["paths"]["/v1/queues/{name}/redrive"] = {"post": {
-        "summary": "move this dead-letter queue's ready messages back to the queues they "
-                   "came from (or to ?to=); needs admin under --auth",
-        "parameters": [name, {"name": "to", "in": "query", "required": False,
-                              "schema": name["schema"]}],
-        "responses": {"200": {"description": "ok", "content": {"application/json": {
-            "schema": {"type": "object", "required": ["moved"],
-                       "properties": {"moved": {"type": "integer"}}}}}},
-            "400": err, "500": err}}}
-    size = {"type": "integer", "nullable": True}
-    doc["paths"]["/v1/pack"] = {"post": {
-        "summary": "pack the storage (one pack at a time: a request during a pack waits "
-                   "for it, joined: true); needs admin under --auth",
-        "parameters": [{"name": "keep_seconds", "in": "query", "required": False,
-                        "schema": {"type": "number", "minimum": 0,
-                                   "maximum": store.MAX_RETENTION}}],
-        "responses": {"200": {"description": "ok", "content": {"application/json": {
-            "schema": {"type": "object", "properties": {
-                "size_before": size, "size_after": size, "freed": size,
-                "seconds": {"type": "number"}, "joined": {"type": "boolean"}}}}}},
-            "400": err, "500": err}}}

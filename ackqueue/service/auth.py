@@ -1,4 +1,4 @@
-"""TLS and access control for ``ackqueue serve`` (issue 22 point 7).
+"""TLS and access control for ``ackqueue serve``.
 
 ``--auth FILE`` names the clients, a secret each, and their rights per queue pattern::
 
@@ -65,7 +65,7 @@ CLIENT = _request_key("ackqueue.client")       # the request's auth.Client
 # (method, route) -> (right, where the queue name is): "path" {name}; "all" service-wide
 # (the right under "*"); "body" the JSON body's queue_name (Sasquatch); "batch" every
 # queue_name of the body's messages; "query" ?queue_name=; "lease" the client id in the
-# path must be the caller's; "txn" an atomic batch's queues (batch.queues_named: write
+# path must be the caller's; "txn" an atomic batch's queues (atomic_batch.queues_named: write
 # where it puts, read where it acks); "receipts" the body's queue_name if it names one,
 # else the handler checks each receipt's queue (may()); None: open.
 ROUTES = {
@@ -90,7 +90,7 @@ ROUTES = {
     ("POST", "/v1/pack"): ("admin", "all"),
     ("POST", "/v1/leases/{client}"): ("read", "lease"),
     ("DELETE", "/v1/leases/{client}"): ("read", "lease"),
-    # leased batches and row puts of stream processors (service/batches.py)
+    # leased batches and row puts of stream processors (service/leased_batches.py)
     ("POST", "/v1/queues/{name}/streams/{stream}/batches/{seq}/{part}"): ("read", "path"),
     ("POST", "/v1/queues/{name}/streams/{stream}/commit"): ("read", "path"),
     ("GET", "/v1/queues/{name}/streams"): ("read", "path"),
@@ -243,7 +243,7 @@ async def _queues(request, where):
     if where == "query":
         return [(request.query.get("queue_name") or "*", None)]
     if where == "txn":
-        from .batch import queues_named
+        from .atomic_batch import queues_named
         data = await request.read() if request.body_exists else b""
         return queues_named(data, request.content_type) or [("*", None)]
     if where == "receipts":

@@ -1,11 +1,11 @@
-"""The service's figures for people and for monitoring (issue 22 point 6).
+"""The service's figures for people and for monitoring.
 
 - ``GET /stats``: an HTML page a person reads (everything inline, no external asset): every
   queue with its ready / in flight / delayed counts, its dead-lettered total, the age of
   the message at its head, and its in/out rates; a small script refreshes it from
   ``/stats.json`` every second.  A client asking for JSON (Accept: application/json or
   ?format=json) gets Sasquatch's /stats instead when that front is installed
-  (``ackqueue.service.sasquatch.sasquatch_stats``).
+  (add_routes' json_first: app.py gives it rpc.sasquatch_stats).
 - ``GET /stats.json``: the same figures as JSON.
 - ``GET /metrics``: the same figures in Prometheus' text format (prometheus_client).
 
@@ -31,6 +31,8 @@ import time
 from collections import deque
 
 from aiohttp import web
+
+from .errors import error_response
 
 __all__ = ["add_routes", "Figures", "snapshot", "STATS_PAGE"]
 
@@ -235,6 +237,7 @@ last <span id="window">&ndash;</span> s. Figures for monitoring: <a href="metric
 
 
 FIGURES = web.AppKey("figures", Figures)
+JSON_FIRST = web.AppKey("json_first", object)     # add_routes' json_first
 
 
 def _wants_json(request):
@@ -242,17 +245,9 @@ def _wants_json(request):
             or "application/json" in request.headers.get("Accept", ""))
 
 
-def _sasquatch_stats():
-    try:
-        from .sasquatch import sasquatch_stats
-    except ImportError:
-        return None
-    return sasquatch_stats
-
-
 async def stats_page(request):
     if _wants_json(request):
-        other = _sasquatch_stats()
+        other = request.app[JSON_FIRST]
         if other is not None:
             response = other(request)
             if inspect.isawaitable(response):
@@ -274,7 +269,6 @@ async def metrics(request):
     try:
         from .metrics import render
     except ImportError as exc:
-        from .http import error_response
         return error_response(501, "NotImplemented", f"/metrics needs prometheus_client "
                               f"(pip install 'ackqueue[service]'): {exc}")
     doc = await request.app[FIGURES].read()
@@ -282,40 +276,12 @@ async def metrics(request):
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def openapi_paths(doc):
-    """Add this module's routes, and the bearer scheme of --auth, to the OpenAPI document."""
-    text = {"description": "ok", "content": {"text/html": {"schema": {"type": "string"}}}}
-    row = {"type": "object", "properties": {
-        k: {"type": t, "nullable": True} for k, t in (
-            ("name", "string"), ("ready", "integer"), ("in_flight", "integer"),
-            ("delayed", "integer"), ("dead_lettered", "integer"), ("oldest_age", "number"),
-            ("in_rate", "number"), ("out_rate", "number"))}}
-    row["properties"]["totals"] = {"type": "object",
-                                   "additionalProperties": {"type": "integer"}}
-    figures = {"type": "object", "properties": {
-        "time": {"type": "number"}, "rate_window": {"type": "number", "nullable": True},
-        "service": {"type": "object", "additionalProperties": {"type": "number"}},
-        "queues": {"type": "array", "items": row}}}
-    doc["paths"]["/stats"] = {"get": {
-        "summary": "the stats page (HTML, refreshed live); needs admin under --auth",
-        "responses": {"200": text}}}
-    doc["paths"]["/stats.json"] = {"get": {
-        "summary": "every queue's counts, head age and in/out rates; needs admin under --auth",
-        "responses": {"200": {"description": "ok", "content": {
-            "application/json": {"schema": figures}}}}}}
-    doc["paths"]["/metrics"] = {"get": {
-        "summary": "the same figures in Prometheus' text format; needs admin under --auth",
-        "responses": {"200": {"description": "ok", "content": {
-            "text/plain": {"schema": {"type": "string"}}}}}}}
-    doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
-        "type": "http", "scheme": "bearer",
-        "description": "with --auth: Authorization: Bearer <secret> (see docs/service.md, 'TLS and "
-                       "access control'); without --auth no credentials are needed"}
-
-
-def add_routes(app, api):
-    """Serve /stats, /stats.json and /metrics from app (api: the http.Api)."""
+def add_routes(app, api, json_first=None):
+    """Serve /stats, /stats.json and /metrics from app (api: the runtime.Api).
+    json_first(request): another front's JSON answer to GET /stats (Sasquatch's request
+    counters), or None to leave it to this page's figures."""
     app[FIGURES] = Figures(api)
+    app[JSON_FIRST] = json_first
     app.router.add_get("/stats", stats_page)
     app.router.add_get("/stats.json", stats_json)
     app.router.add_get("/metrics", metrics)

@@ -1,4 +1,4 @@
-"""A long poll's wake-up (ackqueue.service.http.Api.poll), lighter than asyncio.Event.
+"""A long poll's wake-up (ackqueue.service.runtime.Api.poll), lighter than asyncio.Event.
 
 ``asyncio.wait_for(event.wait(), t)`` resumes its waiter three loop iterations after
 ``event.set()`` on Python 3.11 (wait_for wraps event.wait() in a task; the task's step,

@@ -27,7 +27,7 @@ Design of the streaming source (at least once, no loss, exact replay):
   ready count, capped by maxMessagesPerBatch / the read limit, and by the target of
   Trigger.AvailableNow) and in how many parts.  It receives nothing itself.
 - Durable leases keyed by batch offsets.  Part i of batch n is read in a worker through
-  ``POST /v1/queues/{q}/streams/{stream}/batches/{n}/{i}`` (ackqueue/service/batches.py).
+  ``POST /v1/queues/{q}/streams/{stream}/batches/{n}/{i}`` (ackqueue/service/leased_batches.py).
   The first read receives up to ceil(max/parts) ready messages and holds them in the
   queue, in flight, under a durable hold (ackqueue.holds) for visibilityTimeout seconds,
   with the record (stream, n, i) that names their ids, in one commit

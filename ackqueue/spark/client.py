@@ -1,5 +1,5 @@
 """The Spark source's and sink's way to the queue service: a few native-API requests
-(ackqueue/service/http.py and service/batches.py), in batches, over http.client.
+(ackqueue/service/http.py and service/leased_batches.py), in batches, over http.client.
 
 It runs in Spark's driver and in its Python workers alike, so it holds nothing that cannot
 be made again: a connection is opened on first use in each process and each object is
@@ -113,7 +113,7 @@ class Client:
 
     def read_batch(self, queue, stream, seq, part, n, visibility_timeout, max_receives=None,
                    dead_letter=None):
-        """[(header dict, payload bytes)] of a leased batch part (service/batches.py)."""
+        """[(header dict, payload bytes)] of a leased batch part (service/leased_batches.py)."""
         parts = self._read(queue, stream, seq, part, n, visibility_timeout, max_receives,
                            dead_letter)
         heads = json.loads(parts[0])["messages"]
@@ -122,7 +122,7 @@ class Client:
     def read_columns(self, queue, stream, seq, part, n, visibility_timeout,
                      max_receives=None, dead_letter=None):
         """(columns dict, payload offsets, payloads) of a leased batch part, in the
-        service's columnar answer (format=columns; service/batches.py)."""
+        service's columnar answer (format=columns; service/leased_batches.py)."""
         head, offsets, data = self._read(queue, stream, seq, part, n, visibility_timeout,
                                          max_receives, dead_letter, format="columns")
         return json.loads(head), offsets, data

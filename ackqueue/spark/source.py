@@ -3,7 +3,7 @@
 Offsets are ``{"stream": id, "seq": n, "max": m, "parts": p}``: the stream id is made
 once by initialOffset() and lives on in the query's checkpoint; seq counts the planned
 micro-batches; m and p say how many messages batch n may take, in how many parts.  Part
-i of batch n reads the service's leased record (stream, n, i) (service/batches.py): the
+i of batch n reads the service's leased record (stream, n, i) (service/leased_batches.py): the
 first read receives and leases up to ceil(m/p) messages, every later read (a replay)
 returns the same ones.  A batch is acknowledged when Spark commits it: commit(end), and,
 because that call never comes for the last batch of a run and is not retried after a
@@ -22,7 +22,7 @@ from .options import columns_to_arrow
 
 __all__ = ["StreamReader", "BatchPart"]
 
-MAX_PART = 10000          # the service's largest leased part (service/batches.py)
+MAX_PART = 10000          # the service's largest leased part (service/leased_batches.py)
 
 
 class BatchPart(InputPartition):

@@ -43,7 +43,7 @@ class GenReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if n <= 0:
             return iter(())
         body = b'{"n": 0, "payload": "' + b"x" * 70 + b'"}'
-        # The columnar form the service answers the source with (service/batches.py).
+        # The columnar form the service answers the source with (service/leased_batches.py).
         head = {"ids": list(range(lo, hi)), "receive_counts": [1] * n,
                 "sent_at": [0.0] * n, "priorities": [100] * n, "encodings": ["str"] * n,
                 "attributes": None}

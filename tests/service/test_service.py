@@ -128,7 +128,7 @@ def test_round_trip_put_receive_ack(service):
     status, doc = s.call("GET", "/v1/queues/jobs")
     assert doc["stats"]["acked"] == 1 and doc["stats"]["ready"] == 0
     # Batch put in frames, receive in frames: bodies as bytes both ways.
-    from ackqueue.service.http import FRAMES, decode_frames, encode_frames
+    from ackqueue.frames import FRAMES, decode_frames, encode_frames
     status, doc = s.call("POST", "/v1/queues/jobs/batch", encode_frames([b"a", b"", b"c"]),
                          {"Content-Type": FRAMES})
     assert status == 200 and len(doc["ids"]) == 3
@@ -176,7 +176,7 @@ def test_200_idle_long_polls_hold_no_thread_each(service):
     threads = s.health()["threads"]
     assert threads < 80, threads          # the pool is 64; 200 waits do not add 200
     status, doc = s.call("POST", "/v1/queues/jobs/batch",
-                         __import__("ackqueue.service.http", fromlist=["x"]).encode_frames(
+                         __import__("ackqueue.frames", fromlist=["x"]).encode_frames(
                              [str(i).encode() for i in range(200)]))
     assert status == 200
     got = []

@@ -13,8 +13,8 @@ from aiohttp import web                                          # noqa: E402
 
 def test_make_app_uses_app_keys_no_not_app_key_warning(tmp_path):
     from ackqueue.service import auth as auth_mod
-    from ackqueue.service.core import Service
-    from ackqueue.service.http import API, make_app
+    from ackqueue.service.backend import Service
+    from ackqueue.service.app import API, make_app
     path = tmp_path / "auth.json"
     path.write_text(json.dumps({"clients": {"root": {
         "secret": "admin-secret-012345678", "rights": {"*": ["admin"]}}}}))

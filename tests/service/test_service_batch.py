@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("aiohttp")
 
 from ackqueue import AckQueue                                   # noqa: E402
-from ackqueue.service.http import FRAMES, encode_frames         # noqa: E402
-from tests.service.test_service import body_of, service                 # noqa: E402,F401
+from ackqueue.frames import FRAMES, encode_frames                # noqa: E402
+from tests.service.test_service import body_of, service         # noqa: E402,F401
 
 
 def batch(s, doc, **headers):

@@ -1,4 +1,4 @@
-"""The service's routes for stream processors (ackqueue/service/batches.py), against a
+"""The service's routes for stream processors (ackqueue/service/leased_batches.py), against a
 real ``ackqueue serve``: a leased batch part reads the same messages again until its
 stream commits it, also after the service is SIGKILLed and restarted; a commit is
 cumulative and idempotent, and remembered across a restart; a lease that runs out gives

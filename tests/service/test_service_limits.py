@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from ackqueue.service.server import LINGER                      # noqa: E402
-from tests.service.test_service import Service, until                   # noqa: E402
+from ackqueue.service.main import LINGER                        # noqa: E402
+from tests.service.test_service import Service, until           # noqa: E402
 
 SLACK = 3.0       # scheduling on a loaded 2-core machine
 
@@ -166,7 +166,7 @@ def test_with_auth_a_body_past_the_limit_gets_413_before_auth_reads_it(serve_aut
     """The auth middleware reads these bodies for their queue names: before the fix it
     read a 50 MB body that never came (no size check, no timeout) and held the
     connection open."""
-    from ackqueue.service.server import LINGER
+    from ackqueue.service.main import LINGER
     from tests.service.test_service_limits import SLACK, connect, parse, read_until_closed
     s = serve_auth("--client-timeout", "30")
     sock = connect(s)
@@ -185,7 +185,7 @@ def test_with_auth_a_body_past_the_limit_gets_413_before_auth_reads_it(serve_aut
 
 
 def test_with_auth_a_stalled_body_gets_408_before_auth_reads_it(serve_auth):
-    from ackqueue.service.server import LINGER
+    from ackqueue.service.main import LINGER
     from tests.service.test_service_limits import SLACK, connect, parse, read_until_closed
     s = serve_auth("--client-timeout", "1")
     sock = connect(s)

@@ -14,7 +14,7 @@ pytest.importorskip("aiohttp")
 
 @pytest.fixture
 def svc():
-    from ackqueue.service.core import Service
+    from ackqueue.service.backend import Service
     service = Service(None)
     try:
         yield service

@@ -452,8 +452,8 @@ def test_every_route_has_a_rule_and_the_figures_are_documented():
     """No route of make_app falls to the unknown-route default by oversight, no rule
     names a route that does not exist, and /openapi.json describes the figures and the bearer scheme."""
     from ackqueue.service.auth import ROUTES
-    from ackqueue.service.core import Service
-    from ackqueue.service.http import make_app
+    from ackqueue.service.backend import Service
+    from ackqueue.service.app import make_app
     from ackqueue.service.openapi import document
     service = Service(None)
     try:
@@ -461,7 +461,7 @@ def test_every_route_has_a_rule_and_the_figures_are_documented():
         routes = {(r.method, r.resource.canonical) for r in app.router.routes()
                   if r.method != "HEAD"}
     finally:
-        from ackqueue.service.http import API
+        from ackqueue.service.app import API
         app[API].pool.shutdown()
         service.close()
     assert routes and routes <= set(ROUTES), routes - set(ROUTES)

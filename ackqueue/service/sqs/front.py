@@ -7,7 +7,7 @@ deadline, as SQS's do (a session with no lease, as Sasquatch's API does)."""
 import time
 from dataclasses import dataclass, field
 
-from ..core import ClientConn, Session
+from ..backend import ClientConn, Session
 from .errors import SqsError
 from .queueattrs import DEFAULTS, FIFO_DEFAULTS, arn, check_name, is_fifo, redrive_of
 from .registry import Registry

@@ -8,7 +8,7 @@ from ackqueue import codec
 from ackqueue.errors import NotHeld, StaleAck
 
 from . import msgattrs
-from ..core import take_now
+from ..backend import take_now
 from .digest import md5_of_attributes
 from .errors import SqsError
 from .messages import SYSTEM_NAMES, _entries, _failed, message_id
@@ -18,7 +18,7 @@ from .queueattrs import arn, is_fifo
 __all__ = ["ACTIONS"]
 
 MAX_VISIBILITY = 43200
-_RECEIPT = re.compile(r"\d+\.[A-Za-z0-9_\-]{24,28}\Z")   # core.Service.register's
+_RECEIPT = re.compile(r"\d+\.[A-Za-z0-9_\-]{24,28}\Z")   # backend.Service.register's
 
 
 
@@ -130,7 +130,7 @@ async def _receive_fifo(sqs, call, name, q, cc, n, vt, wait, policy, wanted_syst
 def _wake_after(sqs, name, seconds):
     """Wake name's long polls when a FIFO visibility deadline passes (the library's
     next_ready_at does not know the front's deadlines)."""
-    sqs.api.loop.call_later(seconds + 0.01, sqs.api._wake, name)
+    sqs.api.loop.call_later(seconds + 0.01, sqs.api.wake, name)
 
 
 def _unheld(m):
@@ -161,7 +161,7 @@ async def _delete(sqs, name, receipts):
         st = sqs.fifo_state(name)
         for r in receipts:
             if await sqs.run(st.delete, cc, r):
-                sqs.api._wake(name)          # its group is free: wake long polls
+                sqs.api.wake(name)          # its group is free: wake long polls
         return
     found = [(r, d) for r in receipts for d in [sqs.delivery(name, r)] if d is not None]
     if not found:
@@ -208,7 +208,7 @@ async def _change(sqs, name, receipt, seconds):
             raise SqsError("MessageNotInflight", "Message does not exist or is not available "
                                                  "for visibility timeout change.")
         if seconds <= 0:
-            sqs.api._wake(name)
+            sqs.api.wake(name)
         else:
             _wake_after(sqs, name, seconds)
         return

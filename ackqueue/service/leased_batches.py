@@ -29,7 +29,7 @@ names their ids, so it survives the service's crash as well as the processor's:
     next call on the stream or the service's sweep (every second, and at start before it
     listens); a later read of that part takes afresh.  A part of a batch already
     committed (seq at or below the stream's commit) returns nothing.  The answer is
-    frames (ackqueue.service.http.encode_frames): a JSON header ``{"messages": [{id,
+    frames (ackqueue.frames.encode_frames): a JSON header ``{"messages": [{id,
     receive_count, sent_at, priority, attributes, encoding}, ...]}`` and then each
     message's body; with ``format=columns``, a JSON header of columns ``{"ids",
     "receive_counts", "sent_at", "priorities", "encodings": [...], "attributes": [...]
@@ -64,14 +64,16 @@ from ackqueue import codec, jsontext, store
 from ackqueue.errors import DuplicateMessage
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 from ackqueue.state import PutOptions
+from ackqueue.frames import FRAMES, decode_frames, encode_frames
 
-from . import codecs
-from .core import check_client
-from .http import (API, FRAMES, MAX_BATCH, ApiError, _marked, _name, _number, decode_frames,
-                   encode_frames)
+from . import encodings, params
+from .backend import check_client, check_name
+from .errors import ApiError
+from .params import MAX_BATCH
+from .runtime import API
 from .streams import Book
 
-__all__ = ["add_routes", "BatchLeases", "OPENAPI_PATHS"]
+__all__ = ["add_routes", "BatchLeases"]
 
 log = logging.getLogger("ackqueue.service")
 
@@ -92,7 +94,7 @@ class BatchLeases:
         self.sweeper = None
 
     async def start(self, app=None):
-        await self.api.run(self.book.load, self.api.service._handle.db)
+        await self.api.run(self.book.load, self.api.service.db)
         await self.expire()
         self.sweeper = asyncio.ensure_future(self._sweep())
 
@@ -166,11 +168,11 @@ def _columns(messages):
 async def read_batch(request):
     api = request.app[API]
     leases = request.app[BATCH_LEASES]
-    name, stream_id = _name(request), _stream_id(request)
+    name, stream_id = params.queue_name(request), _stream_id(request)
     key = (_int_path(request, "seq"), _int_path(request, "part"))
-    n = _number(request, "max", 1, lo=1, hi=MAX_BATCH_RECEIVE, integer=True)
-    vt = _number(request, "visibility_timeout", 30.0, lo=0.001, hi=43200)
-    max_receives = _number(request, "max_receives", None, lo=1, hi=1000, integer=True)
+    n = params.number(request, "max", 1, lo=1, hi=MAX_BATCH_RECEIVE, integer=True)
+    vt = params.number(request, "visibility_timeout", 30.0, lo=0.001, hi=43200)
+    max_receives = params.number(request, "max_receives", None, lo=1, hi=1000, integer=True)
     answer = request.query.get("format", "messages")
     if answer not in ("messages", "columns"):
         raise ApiError(400, "ValidationError", "format must be messages or columns")
@@ -190,7 +192,6 @@ async def read_batch(request):
 
 
 def _name_of(value):
-    from .core import check_name
     try:
         return check_name(value)
     except ValueError as exc:
@@ -200,8 +201,8 @@ def _name_of(value):
 async def commit_stream(request):
     api = request.app[API]
     leases = request.app[BATCH_LEASES]
-    name, stream_id = _name(request), _stream_id(request)
-    upto = _number(request, "upto", None, lo=0, integer=True)
+    name, stream_id = params.queue_name(request), _stream_id(request)
+    upto = params.number(request, "upto", None, lo=0, integer=True)
     if upto is None:
         raise ApiError(400, "InvalidRequest", "upto (the last seq to commit) is required")
     q = await api.queue(name)
@@ -211,7 +212,7 @@ async def commit_stream(request):
 
 async def list_streams(request):
     leases = request.app[BATCH_LEASES]
-    return web.json_response({"streams": leases.book.streams_of(_name(request))})
+    return web.json_response({"streams": leases.book.streams_of(params.queue_name(request))})
 
 
 def _rows_header(data):
@@ -276,12 +277,12 @@ def _check_row(i, body, dedup_id, priority, attributes, max_body):
 
 async def put_rows(request):
     api = request.app[API]
-    name = _name(request)
+    name = params.queue_name(request)
     what = request.query.get("encoding", codec.BYTES)
     if what not in codec.CODECS:
         raise ApiError(400, "ValidationError",
                        f"encoding must be one of {', '.join(codec.CODECS)}")
-    window = _number(request, "dedup_window", DEFAULT_ROW_DEDUP_WINDOW, lo=1,
+    window = params.number(request, "dedup_window", DEFAULT_ROW_DEDUP_WINDOW, lo=1,
                      hi=store.MAX_RETENTION)
     bodies, dedup_ids, priorities, attributes = _rows_header(await request.read())
     q = await api.queue(name)
@@ -289,7 +290,7 @@ async def put_rows(request):
     for i, (body, d, p, a) in enumerate(zip(bodies, dedup_ids, priorities, attributes)):
         _check_row(i, body, d, p, a, api.max_body)
         attrs = tuple(sorted(a.items())) or None if a else None
-        body = codecs.in_queue_codec(q, _marked(what, body, i), i)
+        body = encodings.in_queue_codec(q, params.marked(what, body, i), i)
         if groups and groups[-1][0] == (p, attrs):
             groups[-1][1].append((body, d))
         else:
@@ -311,84 +312,3 @@ def add_routes(app, api):
     r.add_post("/v1/queues/{name}/streams/{stream}/commit", commit_stream)
     r.add_get("/v1/queues/{name}/streams", list_streams)
     r.add_post("/v1/queues/{name}/rows", put_rows)
-
-
-def _p(name, where, schema, description, required=False):
-    return {"name": name, "in": where, "required": required, "schema": schema,
-            "description": description}
-
-
-def _err():
-    return {"description": "error", "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/Error"}}}}
-
-
-_QUEUE = _p("name", "path", {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,80}$"},
-            "queue name", True)
-_STREAM = _p("stream", "path", {"type": "string", "pattern": "^[A-Za-z0-9_.:\\-]{1,128}$"},
-             "the stream's id (kept by the processor, e.g. in its checkpoint)", True)
-_FRAMES_BODY = {"required": True, "content": {FRAMES: {"schema": {"type": "string",
-                                                                  "format": "binary"}}}}
-OPENAPI_PATHS = {
-    "/v1/queues/{name}/streams/{stream}/batches/{seq}/{part}": {"post": {
-        "summary": "a leased batch part: the first call receives up to max messages and "
-                   "holds them under (stream, seq, part); later calls return the same "
-                   "ones until the stream commits seq (service/batches.py)",
-        "parameters": [
-            _QUEUE, _STREAM,
-            _p("seq", "path", {"type": "integer", "minimum": 0}, "batch number", True),
-            _p("part", "path", {"type": "integer", "minimum": 0}, "part of the batch", True),
-            _p("max", "query", {"type": "integer", "minimum": 1,
-                                "maximum": MAX_BATCH_RECEIVE, "default": 1},
-               "most messages the part receives"),
-            _p("visibility_timeout", "query", {"type": "number", "minimum": 0.001,
-                                               "maximum": 43200, "default": 30},
-               "seconds the part's messages stay leased from this call"),
-            _p("max_receives", "query", {"type": "integer", "minimum": 1, "maximum": 1000},
-               "reads of the part after which it is halved, or one message dead-lettered"),
-            _p("dead_letter", "query", {"type": "string"}, "the dead-letter queue"),
-            _p("format", "query", {"type": "string", "enum": ["messages", "columns"],
-                                   "default": "messages"},
-               "the answer's layout: a header per message, or columns (Arrow's layout)")],
-        "responses": {"200": {"description": "frames: a JSON header, then the bodies",
-                              "content": {FRAMES: {"schema": {"type": "string",
-                                                              "format": "binary"}}}},
-                      "400": _err(), "500": _err()}}},
-    "/v1/queues/{name}/streams/{stream}/commit": {"post": {
-        "summary": "acknowledge every batch part of the stream up to seq upto "
-                   "(cumulative, idempotent)",
-        "parameters": [_QUEUE, _STREAM,
-                       _p("upto", "query", {"type": "integer", "minimum": 0},
-                          "the last batch committed", True)],
-        "responses": {"200": {"description": "ok", "content": {"application/json": {
-            "schema": {"type": "object", "properties": {
-                "acked": {"type": "integer"}, "committed": {"type": "integer"}}}}}},
-            "400": _err(), "500": _err()}}},
-    "/v1/queues/{name}/streams": {"get": {
-        "summary": "the queue's streams as leased now: last seq committed, parts and "
-                   "messages leased (service/streams.py)",
-        "parameters": [_QUEUE],
-        "responses": {"200": {"description": "ok", "content": {"application/json": {
-            "schema": {"type": "object", "properties": {"streams": {
-                "type": "object", "additionalProperties": {
-                    "type": "object", "properties": {
-                        "committed": {"type": "integer"}, "parts": {"type": "integer"},
-                        "messages": {"type": "integer"}}}}}}}}},
-            "400": _err()}}},
-    "/v1/queues/{name}/rows": {"post": {
-        "summary": "put rows, each under its own dedup id; a row put before within "
-                   "dedup_window seconds is skipped (counted as a duplicate)",
-        "parameters": [
-            _QUEUE,
-            _p("encoding", "query", {"type": "string",
-                                     "enum": ["str", "bytes", "json", "pickle"]},
-               "what every body holds (default bytes)"),
-            _p("dedup_window", "query", {"type": "number", "minimum": 1,
-                                         "maximum": 1209600, "default": 86400},
-               "seconds a dedup id is remembered")],
-        "requestBody": _FRAMES_BODY,
-        "responses": {"200": {"description": "ok", "content": {"application/json": {
-            "schema": {"type": "object", "properties": {
-                "put": {"type": "integer"}, "duplicates": {"type": "integer"}}}}}},
-            "400": _err(), "413": _err(), "500": _err()}}},
-}

@@ -4,7 +4,7 @@ GET /queues, /health (shared with the native API), /stats (JSON; the HTML page i
 stats page's).
 
 Every request goes through the library's queues and group commit, as the native API's do
-(ackqueue.service.http.Api: its thread pool, ready listeners and long-poll waiters).
+(runtime.Api: its thread pool, ready listeners and long-poll waiters).
 Sasquatch's defaults and limits (SasquatchSettings: 4 receives then dead letter or drop,
 5,000 messages per queue, 256 KB bodies, ...) apply to requests through this API only: the
 native API and Python keep the library's defaults.
@@ -25,25 +25,25 @@ import hashlib
 import queue as _stdlib_queue
 import random
 import re
+import threading
 import time
 from collections import Counter
 
 from aiohttp import web
 
-import ackqueue
-from ackqueue import AckQueue, codec, jsontext, store
+from ackqueue import codec, jsontext, store
 from ackqueue.browse import READY
 from ackqueue.errors import DuplicateMessage, EncodingRefused, NotHeld, QueueKindMismatch
 from ackqueue.state import PutOptions
 
-from . import auth, codecs
+from . import auth
 from .config import SasquatchSettings
-from .core import ClientConn, Session, take_now
-from .http import ApiError
+from .backend import ClientConn, Session, take_now
+from .errors import ApiError, refused
+from .runtime import VERSION
 
-__all__ = ["add_routes", "sasquatch_stats", "VERSION", "OPENAPI_PATHS"]
+__all__ = ["add_routes", "sasquatch_stats", "VERSION"]
 
-VERSION = ackqueue.__version__
 _QUEUE = re.compile(r"[A-Za-z0-9_\-]{1,80}\Z")
 _DEDUP = re.compile(r"[A-Za-z0-9]{1,128}\Z")
 MAX_BATCH = 10
@@ -160,6 +160,7 @@ class Sasquatch:
         self.cfg = settings or SasquatchSettings()
         self.limited = {}           # queue name -> AckQueue with maxsize (for sends)
         self.conns = {}             # queue name -> ClientConn holding this API's deliveries
+        self.lock = threading.Lock()    # limited and conns, changed from pool threads
         # Deliveries through this API belong to no client lease: they come back at their
         # visibility deadline, as Sasquatch's do.
         self.session = Session("sasquatch", 0.0)
@@ -177,26 +178,18 @@ class Sasquatch:
     def _open(self, name):
         """(queue, its maxsize twin) of name, opened LIFO when name ends in _lifo
         (blocking: from the pool).  QueueKindMismatch if it is open as another kind."""
-        svc = self.service
         want = store.LIFO if name.endswith("_lifo") else store.FIFO
-        kwargs = ({"db": svc._handle.db} if svc.path is None else
-                  {"path": svc.path, "durability": svc.durability})
-        with svc._lock:
-            if svc.closed:
-                raise RuntimeError("the service is closing")
-            q = svc.queues.get(name)
-            if q is None:
-                q = AckQueue(name=name, lifo=want == store.LIFO, **kwargs)
-                svc.queues[name] = q
-            if q.kind != want:
-                raise QueueKindMismatch(
-                    f"queue {name!r} is open as {store.KIND_NAMES[q.kind]}; "
-                    f"through Sasquatch's API a name ending in _lifo is LIFO and any other "
-                    f"FIFO")
+        q = self.service.queue(name, lifo=want == store.LIFO)
+        if q.kind != want:
+            raise QueueKindMismatch(
+                f"queue {name!r} is open as {store.KIND_NAMES[q.kind]}; "
+                f"through Sasquatch's API a name ending in _lifo is LIFO and any other "
+                f"FIFO")
+        with self.lock:
             lim = self.limited.get(name)
             if lim is None:
-                lim = self.limited[name] = AckQueue(
-                    self.cfg.max_queue_length, name=name, lifo=want == store.LIFO, **kwargs)
+                lim = self.limited[name] = self.service.open_front(
+                    name, self.cfg.max_queue_length, lifo=want == store.LIFO)
             cc = self.conns.get(name)
             if cc is None:
                 cc = self.conns[name] = ClientConn(q, q.connect(thread_bound=False))
@@ -274,13 +267,10 @@ class Sasquatch:
         try:                                  # text, in the queue's codec
             body = codec.mark_text(lim.codec, codec.payload(body), name)
         except EncodingRefused as exc:
-            raise codecs.refused(exc) from None
-
-        def put(then):
-            return lim.put_many([body], False, None, options=opts, dedup_ids=[dedup],
-                                encoded=True, then=then)
-        try:
-            [mid] = await self.api.bridge.durable(put)
+            raise refused(exc) from None
+        try:                                  # never waits for room: Full answers 503
+            [mid] = await self.api.put_many(lim, [body], block=False, options=opts,
+                                            dedup_ids=[dedup])
         except _stdlib_queue.Full:
             raise ApiError(503, "QueueFull", f"queue {name!r} has reached its maximum of "
                                              f"{self.cfg.max_queue_length} messages") from None
@@ -601,113 +591,3 @@ def add_routes(app, api, settings=None):
     if not any(getattr(res, "canonical", None) == "/stats" for res in r.resources()):
         r.add_get("/stats", _stats)
     return sq
-
-
-_ERR = {"description": "error", "content": {"application/json": {
-    "schema": {"$ref": "#/components/schemas/Error"}}}}
-_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_\\-]{1,80}$"}
-_RECEIPTS = {"type": "array", "minItems": 1, "maxItems": 10,
-             "items": {"type": "string", "minLength": 1, "maxLength": 200}}
-_SEND = {"type": "object", "required": ["queue_name", "message_body"], "properties": {
-    "queue_name": _NAME,
-    "message_body": {"type": "string", "description": "text, up to max_message_size_kb"},
-    "priority": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 100},
-    "delay_seconds": {"type": "integer", "minimum": 0, "maximum": 43200, "default": 0},
-    "message_retention_period": {"type": "integer", "minimum": 60, "maximum": 1209600,
-                                 "default": 345600},
-    "message_deduplication_id": {"type": "string", "pattern": "^[A-Za-z0-9]{1,128}$"},
-    "message_deduplication_time_period": {"type": "integer", "minimum": 1,
-                                          "maximum": 43200, "default": 300},
-    "message_attributes": {"type": "object", "maxProperties": 10,
-                           "additionalProperties": {"type": "string", "maxLength": 1024}}}}
-_SENT = {"type": "object", "required": ["message_id", "md5_of_message_body",
-                                        "sequence_number"], "properties": {
-    "message_id": {"type": "string"}, "md5_of_message_body": {"type": "string"},
-    "sequence_number": {"type": "integer"}}}
-_RECEIVE = {"type": "object", "required": ["queue_name"], "properties": {
-    "queue_name": _NAME,
-    "visibility_timeout": {"type": "integer", "minimum": 0, "maximum": 43200, "default": 30},
-    "wait_time_seconds": {"type": "integer", "minimum": 0, "maximum": 20, "default": 20},
-    "max_number_of_messages": {"type": "integer", "minimum": 1, "maximum": 10, "default": 1},
-    "max_receives": {"type": "integer", "minimum": 1, "maximum": 10, "default": 4},
-    "dead_letter_queue_name": _NAME,
-    "peek": {"type": "boolean", "default": False},
-    "shuffle": {"type": "boolean", "default": False}}}
-_MESSAGE = {"type": "object", "properties": {
-    "message_id": {"type": "string"}, "receipt_handle": {"type": "string"},
-    "message_body": {"type": "string"}, "md5_of_message_body": {"type": "string"},
-    "priority": {"type": "integer"}, "approximate_receive_count": {"type": "integer"},
-    "approximate_first_receive_timestamp": {"type": "integer"},
-    "sent_timestamp": {"type": "integer"}, "sequence_number": {"type": "integer"},
-    "message_attributes": {"type": "object", "additionalProperties": {"type": "string"}},
-    "message_body_encoding": {"type": "string", "enum": ["json", "bytes", "pickle"],
-                              "description": "absent for text; json: the body is JSON "
-                                             "text; bytes, pickle: base64"}}}
-_COUNT = {"type": "object", "properties": {"queue_name": {"type": "string"},
-                                           "count": {"type": "integer"},
-                                           "in_flight": {"type": "integer"}}}
-
-
-def _post(summary, schema, ok, *codes):
-    return {"post": {"summary": summary, "tags": ["sasquatch"],
-                     "requestBody": {"required": True, "content": {
-                         "application/json": {"schema": schema}}},
-                     "responses": {"200": {"description": "ok", "content": {
-                         "application/json": {"schema": ok}}},
-                         **{str(c): _ERR for c in codes}}}}
-
-
-_RECEIVED = {"type": "object", "properties": {"messages": {"type": "array",
-                                                           "items": _MESSAGE}}}
-OPENAPI_PATHS = {
-    "/send": _post("Sasquatch: send a message", _SEND, _SENT, 400, 409, 413, 503),
-    "/send_batch": _post(
-        "Sasquatch: send 1 to 10 messages", {
-            "type": "object", "required": ["messages"], "properties": {"messages": {
-                "type": "array", "minItems": 1, "maxItems": 10, "items": _SEND}}},
-        {"type": "object", "properties": {
-            "successful": {"type": "array", "items": {"type": "object"}},
-            "failed": {"type": "array", "items": {"type": "object"}}}}, 400, 413),
-    "/receive": _post("Sasquatch: receive with long poll", _RECEIVE, _RECEIVED, 400, 409),
-    "/dequeue": _post("Sasquatch (legacy): alias of /receive", _RECEIVE, _RECEIVED, 400,
-                      409),
-    "/delete": _post("Sasquatch: delete by receipt handles", {
-        "type": "object", "required": ["receipt_handles"],
-        "properties": {"receipt_handles": _RECEIPTS, "queue_name": _NAME}},
-        {"type": "object", "properties": {"deleted": {"type": "integer"}}}, 400, 403, 404),
-    "/change_visibility": _post("Sasquatch: change visibility by receipt handles", {
-        "type": "object", "required": ["receipt_handles", "visibility_timeout"],
-        "properties": {"receipt_handles": _RECEIPTS, "queue_name": _NAME,
-                       "visibility_timeout": {
-                           "type": "integer", "minimum": -43200, "maximum": 43200}}},
-        {"type": "object", "properties": {"result": {"type": "string"}}}, 400, 403, 404),
-    "/delete_all": _post("Sasquatch: purge a queue (\"*\": every queue)", {
-        "type": "object", "required": ["queue_name"], "properties": {"queue_name": {
-            "type": "string", "pattern": "^([A-Za-z0-9_\\-]{1,80}|\\*)$"}}},
-        {"type": "object", "properties": {"result": {"type": "string"},
-                                          "deleted": {"type": "integer"}}}, 400, 409),
-    "/queue_length": _post("Sasquatch: visible and in-flight counts", {
-        "type": "object", "required": ["queue_name"], "properties": {"queue_name": _NAME}},
-        _COUNT, 400),
-    "/enqueue": {"post": {
-        "summary": "Sasquatch (legacy): send the raw body as the message", "tags": ["sasquatch"],
-        "parameters": [{"name": "queue_name", "in": "query", "required": True,
-                        "schema": _NAME},
-                       {"name": "priority", "in": "query", "required": False,
-                        "schema": {"type": "integer", "minimum": 0, "maximum": 1000}}],
-        "requestBody": {"required": True, "content": {"text/plain": {
-            "schema": {"type": "string"}}}},
-        "responses": {"200": {"description": "ok", "content": {"application/json": {
-            "schema": _SENT}}}, **{str(c): _ERR for c in (400, 409, 413, 503)}}}},
-    "/queues": {"get": {"summary": "Sasquatch: every queue with its counts",
-                        "tags": ["sasquatch"], "responses": {"200": {
-                            "description": "ok", "content": {"application/json": {
-                                "schema": {"type": "array", "items": _COUNT}}}}}}},
-    "/stats": {"get": {"summary": "request counters: JSON with Accept: application/json "
-                                  "or ?format=json, else the HTML stats page",
-                       "parameters": [{"name": "format", "in": "query", "required": False,
-                                       "schema": {"type": "string", "enum": ["json"]}}],
-                       "responses": {"200": {"description": "ok", "content": {
-                           "application/json": {"schema": {"type": "object"}},
-                           "text/html": {"schema": {"type": "string"}}}}}}},
-}

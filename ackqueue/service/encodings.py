@@ -21,7 +21,10 @@ from aiohttp import web
 from ackqueue import codec
 from ackqueue.errors import CodecMismatch, EncodingRefused
 
-__all__ = ["add_routes", "openapi_paths", "check_bodies", "in_queue_codec", "refused"]
+from . import params
+from .errors import ApiError, refused
+
+__all__ = ["add_routes", "check_bodies", "in_queue_codec"]
 
 
 def check_bodies(q, bodies):
@@ -49,19 +52,10 @@ def in_queue_codec(q, body, index=None):
     return body
 
 
-def refused(exc):
-    """The ApiError (415 UnsupportedEncoding) for an EncodingRefused."""
-    from .http import ApiError
-    return ApiError(415, "UnsupportedEncoding", str(exc), codec=exc.codec,
-                    encoding=exc.encoding)
-
-
 def add_routes(app, api):
-    """Register the two routes on the service's application (api: http.Api)."""
-    from .http import ApiError, _name
-
+    """Register the two routes on the service's application (api: runtime.Api)."""
     async def handle(request):
-        name = _name(request)
+        name = params.queue_name(request)
         wanted = None
         if request.method == "PUT":
             wanted = request.query.get("codec")
@@ -81,28 +75,3 @@ def add_routes(app, api):
 
     app.router.add_get("/v1/queues/{name}/codec", handle)
     app.router.add_put("/v1/queues/{name}/codec", handle)
-
-
-def openapi_paths(doc):
-    """Add the two routes to the OpenAPI document."""
-    name = {"name": "name", "in": "path", "required": True,
-            "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,80}$"}}
-    answer = {"description": "the queue's codec", "content": {"application/json": {
-        "schema": {"type": "object", "properties": {
-            "name": {"type": "string"}, "stored": {"type": "boolean"},
-            "codec": {"type": "string", "enum": list(codec.CODECS)}}}}}}
-    error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-    doc["paths"]["/v1/queues/{name}/codec"] = {
-        "get": {"summary": "the queue's codec (how clients encode its items)",
-                "parameters": [name],
-                "responses": {"200": answer, "400": dict(error, description="bad request")}},
-        "put": {"summary": "record the queue's codec if it has none; 409 if it has another",
-                "parameters": [name, {"name": "codec", "in": "query", "required": True,
-                                      "schema": {"type": "string",
-                                                 "enum": list(codec.CODECS)}}],
-                "responses": {"200": answer, "400": dict(error, description="bad request"),
-                              "409": dict(error, description="the queue has another codec")}}}
-    codes = doc["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]
-    for code in ("CodecMismatch", "UnsupportedEncoding"):
-        if code not in codes["enum"]:
-            codes["enum"].append(code)

@@ -37,9 +37,11 @@ from ackqueue import codec, jsontext, store
 from ackqueue.atomic import transaction
 from ackqueue.errors import DuplicateMessage, ItemTooLarge, QueueKindMismatch, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
+from ackqueue.frames import FRAMES, decode_frames
 
-from .core import check_client, check_name
-from .http import FRAMES, MAX_BATCH, ApiError, decode_frames
+from .backend import check_client, check_name
+from .errors import ApiError
+from .params import MAX_BATCH
 
 __all__ = ["add_routes", "parse", "queues_named"]
 
@@ -469,59 +471,3 @@ class Batch:
                 return _bad(entry, f"the delivery was given back before this batch ({exc}); "
                                    "nothing in this batch was done", "StaleReceipt", 409)
         return ApiError(409, "StaleReceipt", f"{exc}; nothing in this batch was done")
-
-
-# -- the OpenAPI document ------------------------------------------------------------------
-
-_STR = {"type": "string"}
-_REF = {"type": "object", "required": ["queue", "receipt"], "additionalProperties": False,
-        "properties": {"queue": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,80}$"},
-                       "receipt": {"type": "string", "minLength": 1}}}
-_PUT = {"type": "object", "required": ["queue"], "additionalProperties": False,
-        "properties": {
-            "queue": _REF["properties"]["queue"],
-            "body": {"type": "string", "description": "text for str and json, base64 for "
-                                                      "bytes and pickle; absent in frames"},
-            "encoding": {"type": "string", "enum": list(codec.CODECS), "default": "bytes"},
-            "priority": {"type": "integer", "minimum": 0, "maximum": store.PRIORITY_MAX},
-            "delay": {"type": "number", "minimum": 0, "maximum": store.MAX_RETENTION},
-            "retention": {"type": "number", "minimum": 0.001,
-                          "maximum": store.MAX_RETENTION},
-            "attributes": {"type": "object", "additionalProperties": _STR,
-                           "maxProperties": MAX_ATTRIBUTES},
-            "dedup_id": {"type": "string", "minLength": 1, "maxLength": MAX_DEDUP_ID},
-            "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 100}}}
-_BATCH = {"type": "object", "additionalProperties": False, "properties": {
-    "puts": {"type": "array", "items": _PUT, "maxItems": MAX_BATCH},
-    "acks": {"type": "array", "items": _REF, "maxItems": MAX_BATCH},
-    "lease": {"type": "object", "required": ["client"], "additionalProperties": False,
-              "properties": {"client": {"type": "string",
-                                        "pattern": "^[A-Za-z0-9_.:\\-]{1,128}$"},
-                             "receipts": {"type": "array", "items": _REF,
-                                          "maxItems": MAX_BATCH}}},
-    "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 90,
-                        "description": "one key per put that has none of its own"}}}
-
-
-def openapi_paths(doc):
-    """Add POST /v1/batch and its error codes to the OpenAPI document."""
-    err = {"description": "error; error.entry names the failing entry (puts[2], acks[0], "
-                          "lease, lease.receipts[1])", "content": {"application/json": {
-                              "schema": {"$ref": "#/components/schemas/Error"}}}}
-    doc["paths"]["/v1/batch"] = {"post": {
-        "summary": "puts, acks and a lease check in one commit across queues: all of it "
-                   "or (an error naming the entry) none of it",
-        "requestBody": {"required": True, "content": {
-            "application/json": {"schema": _BATCH},
-            FRAMES: {"schema": {"type": "string", "format": "binary",
-                                "description": "the JSON document, then one frame per "
-                                               "put: its body as bytes"}}}},
-        "responses": {"200": {"description": "durable", "content": {"application/json": {
-            "schema": {"type": "object", "properties": {
-                "ids": {"type": "array", "items": {"type": "integer", "nullable": True}},
-                "acked": {"type": "integer", "nullable": True},
-                "duplicate": {"type": "boolean"}}}}}},
-            **{str(c): err for c in (400, 408, 409, 410, 413, 500)}}}}
-    codes = doc["components"]["schemas"]["Error"]["properties"]["error"]["properties"]
-    codes["code"]["enum"] += ["LeaseExpired", "NotOwned"]
-    codes["entry"] = {"type": "string"}

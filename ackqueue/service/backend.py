@@ -1,9 +1,10 @@
-"""The service's state: named queues opened lazily over one storage, client sessions with
-leases, and the receipt handles of the deliveries held for remote clients.
+"""The service's one backend: named queues opened lazily over one storage, client sessions
+with leases, and the receipt handles of the deliveries held for remote clients.  Every
+front (native, Sasquatch's RPC, SQS, batches) reaches the store through it.
 
 Everything here uses the queue's public seams (AckQueue, q.connect(thread_bound=False),
 put_many(encoded=True), get_many(raw=True), DuplicateMessage.original_id); the event
-loop (ackqueue.service.http) calls the blocking parts from its thread pool.
+loop (ackqueue.service.runtime) calls the blocking parts from its thread pool.
 
 Threads: the maps (sessions, receipts, queues) are changed only in the event loop's thread,
 except ``Service.queue``, which opens a queue under a lock from a pool thread.  A client's
@@ -113,7 +114,22 @@ class Leases:
 
 
 class Service:
-    """Queues of one storage (a file, or memory when path is None)."""
+    """Queues of one storage (a file, or memory when path is None).
+
+    Contract (what the fronts and the runtime use):
+    - ``path``, ``durability``, ``closed``; ``db``: the storage's ZODB database, for the
+      records kept beside the queues; ``committer()``: what the bridge listens to;
+    - ``queues`` (name -> AckQueue, read on the loop), ``queue(name, lifo=)`` (opens and
+      keeps one, pool thread), ``open_front(name, maxsize, lifo=)`` (a front the caller
+      owns), ``list_queues()``, ``pack(keep_seconds)``;
+    - ``leases`` (Leases: the sessions), ``client_conn(session, name)``,
+      ``close_session_conns(session)``;
+    - deliveries: ``receive``, ``receive_now``, ``register`` (their receipts),
+      ``receipts`` (receipt -> Delivery), ``forget``, ``give_back``, ``ack_submit``,
+      ``nack``, ``change_visibility``; ``close()`` releases the storage.
+    Blocking methods run in the runtime's pool, never on the loop (receive_now and the
+    maps aside).
+    """
 
     def __init__(self, path=None, *, durability="fsync", lease_timeout=30.0,
                  clock=time.monotonic):
@@ -128,8 +144,17 @@ class Service:
         self.receipts = {}            # receipt handle -> Delivery
         self.closed = False
 
-    def queue(self, name):
-        """The AckQueue named name, opened on first use (blocking: call from the pool)."""
+    @property
+    def db(self):
+        """The ZODB database of the service's storage (for the records the service keeps
+        beside the queues: stream leases, the SQS registry)."""
+        return self._handle.db
+
+    def queue(self, name, *, lifo=False):
+        """The AckQueue named name, opened on first use and kept until close (blocking:
+        call from the pool).  lifo: the kind it is opened as when this call opens it; a
+        queue open already is returned as it is (the caller compares its kind).
+        RuntimeError once the service is closing."""
         q = self.queues.get(name)
         if q is not None:
             return q
@@ -138,12 +163,16 @@ class Service:
             if q is None:
                 if self.closed:
                     raise RuntimeError("the service is closing")
-                if self.path is None:
-                    q = AckQueue(db=self._handle.db, name=name)
-                else:
-                    q = AckQueue(path=self.path, name=name, durability=self.durability)
-                self.queues[name] = q
+                q = self.queues[name] = self.open_front(name, lifo=lifo)
             return q
+
+    def open_front(self, name, maxsize=0, *, lifo=False):
+        """A new AckQueue front on queue name of the service's storage, with its own
+        maxsize, not kept by the service: the caller closes it (blocking)."""
+        if self.path is None:
+            return AckQueue(maxsize, db=self._handle.db, name=name, lifo=lifo)
+        return AckQueue(maxsize, path=self.path, name=name, durability=self.durability,
+                        lifo=lifo)
 
     def committer(self):
         """The committer of the service's storage: the event loop's bridge listens to it
@@ -242,7 +271,7 @@ class Service:
     @staticmethod
     def ack_submit(cc, messages, then):
         """Acknowledge messages held by cc in one commit, all or (StaleAck) none, without
-        waiting for it (the seam's then=; http.Api.ack_many calls it from a pool thread
+        waiting for it (the seam's then=; runtime.Api.ack_many calls it from a pool thread
         when cc's lock is busy): StaleAck at once, else then(error) once durable."""
         with cc.lock:
             cc.queue.ack_many(messages, then=then)

@@ -9,9 +9,9 @@ import sys
 from aiohttp import web
 
 from ..filestorage import note_holder
-from .core import Service
+from .backend import Service
 from .gate import HEADER_TIMEOUT, Gate, default_caps
-from .http import make_app
+from .app import make_app
 from .listener import Listener, RateLimitedLog
 
 __all__ = ["serve", "DEFAULT_PORT", "descriptor_limit"]
@@ -86,7 +86,7 @@ async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
                  client_timeout, auth)
     app.middlewares.insert(0, gate.middleware)      # outermost: sees every request
     # keepalive_timeout: a connection that sends no complete request for this long (idle,
-    # or stalled in its headers) is closed; a stalled body: Api._read_body.  After a 413
+    # or stalled in its headers) is closed; a stalled body: runtime.Api (408).  After a 413
     # or 408 (Connection: close) the rest of an unread body is read and dropped for at
     # most LINGER seconds, so that the client reads the answer rather than a reset.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
