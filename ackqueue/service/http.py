@@ -266,7 +266,7 @@ class Api:
         future, then = self.bridge.pending()
         if cc.lock.acquire(blocking=False):
             try:
-                cc.queue.ack_many(messages, then=then)
+                cc.submit_acks(messages, then)
             finally:
                 cc.lock.release()
         else:
@@ -292,6 +292,8 @@ class Api:
     def _wake(self, name):
         for ev in self.waiters.get(name, ()):
             ev.set()
+
+    wake = _wake                    # wake(name): every long poll on queue name tries again
 
     def session(self, client):
         return self.service.leases.touch(client)
