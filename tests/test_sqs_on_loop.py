@@ -1,10 +1,11 @@
 """An SQS receive with messages ready claims them on the event loop's own thread, as the
 native receive does (the runtime's poll with Service.receive_now; a FIFO queue's staging
 with FifoState.take_now), and its delete acknowledges on the loop through the connection
-that received: neither hops to the service's thread pool.  Counted in submissions to the pool of a real application (the
-service's app over a queue file, served by aiohttp on a loopback port, spoken to in the
-SQS JSON protocol over HTTP); where only the pool may claim (a redrive policy, whose claim
-waits for a commit; a VisibilityTimeout of 0) the receive still goes there."""
+that received: neither hops to the service's thread pool.  Counted in submissions to the
+pool of a real application (the service's app over a queue file, served by aiohttp on a
+loopback port, spoken to in the SQS JSON protocol over HTTP); where only the pool may
+claim (a redrive policy, whose claim waits for a commit; a VisibilityTimeout of 0) the
+receive still goes there."""
 import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
