@@ -41,7 +41,9 @@ def check_client(client):
 
 
 class ClientConn:
-    """One client's connection to one queue: it holds that client's deliveries."""
+    """One client's connection to one queue: it holds that client's deliveries, and their
+    acks, nacks and visibility changes go through it (the connection that received them),
+    one call at a time under its lock."""
 
     __slots__ = ("conn", "lock", "queue")
 
@@ -49,6 +51,25 @@ class ClientConn:
         self.queue = queue
         self.conn = conn
         self.lock = threading.Lock()
+
+    def holding(self, message):
+        """The delivery a received Message names; NotHeld when it names none."""
+        h = self.conn.find(message)
+        if h is None:
+            raise NotHeld(f"{message!r} is not a delivery of queue {self.queue.name!r} "
+                          "held for this client")
+        return h
+
+    def submit_acks(self, messages, then):
+        """Acknowledge received messages in one commit, all or none, without waiting for
+        it (the seam's then=): StaleAck or NotHeld at once and nothing is submitted, else
+        then(error) runs once the commit is durable (None) or has failed.  The caller
+        holds the lock."""
+        holdings = list(dict.fromkeys(map(self.holding, messages)))   # a message twice: once
+        if holdings:
+            self.conn.ack_many_holdings(holdings, then=then)
+        else:
+            then(None)
 
     def close(self):
         with self.lock:
@@ -274,7 +295,7 @@ class Service:
         waiting for it (the seam's then=; runtime.Api.ack_many calls it from a pool thread
         when cc's lock is busy): StaleAck at once, else then(error) once durable."""
         with cc.lock:
-            cc.queue.ack_many(messages, then=then)
+            cc.submit_acks(messages, then)
 
     @staticmethod
     def nack(cc, message, delay):
@@ -284,7 +305,7 @@ class Service:
     @staticmethod
     def change_visibility(cc, message, seconds):
         with cc.lock:
-            cc.queue.change_visibility(message, seconds)
+            cc.conn.change_visibility_holding(cc.holding(message), seconds)
 
     @staticmethod
     def close_session_conns(session):

@@ -89,7 +89,7 @@ class Api:
         future, then = self.bridge.pending()
         if cc.lock.acquire(blocking=False):
             try:
-                cc.queue.ack_many(messages, then=then)
+                cc.submit_acks(messages, then)
             finally:
                 cc.lock.release()
         else:

@@ -1,4 +1,4 @@
-"""The AWS SQS JSON protocol on ``ackqueue serve`` (issue 27): ``POST /`` with
+"""The AWS SQS JSON protocol on ``ackqueue serve``: ``POST /`` with
 ``X-Amz-Target: AmazonSQS.<Action>`` and a JSON body (``application/x-amz-json-1.0``), what
 boto3, the AWS CLI and the AWS SDKs send.  The queues are the service's queues: a queue made
 through SQS is the one the native API, Sasquatch's API and the Python drop-in see.
@@ -6,7 +6,14 @@ through SQS is the one the native API, Sasquatch's API and the Python drop-in se
 Modules: ``errors`` (SQS's error shape and codes), ``sigv4`` (signature verification),
 ``queueattrs`` (queue attributes, names, ARNs), ``registry`` (their durable record),
 ``msgattrs`` and ``digest`` (message attributes and their MD5), ``front`` (the state),
-``queues``, ``messages``, ``receive``, ``redrive`` and ``permissions`` (the actions).
+``fifo`` (FIFO queues' message groups), ``queues``, ``messages``, ``receive``, ``redrive``
+and ``permissions`` (the actions).
+
+One road per message, the native API's: sends go through the runtime's ``put_many``; a
+receive takes through the front's connection to the queue (``SqsFront.queue``), on the
+event loop's thread when messages are ready (the runtime's poll with the service's
+``receive_now``); its deletes (the runtime's ``ack_many``) and visibility changes go
+through that same connection, the one holding the delivery.
 
 Auth: with ``--auth FILE``, a request must be signed (SigV4) with a client's name as access
 key id and its ``secret`` as secret key, and the client needs the action's right on the

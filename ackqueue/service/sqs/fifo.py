@@ -6,15 +6,19 @@ front stages messages: it takes them from the library queue in order, held by it
 connection with no deadline (so they stay in flight in the library until deleted, and a
 crash gives them back on the next open), keeps them in ``pending`` in queue order, and
 hands them to SQS receivers group by group, with its own visibility deadlines and receive
-counts.  A delete acknowledges the library delivery; a deadline passing, a visibility
+counts.  A delete releases the delivery from the staging (``release``) and the front
+acknowledges it through the connection that received it; a deadline passing, a visibility
 change to 0 or a 0 visibility timeout put the message back in ``pending`` at its place
 (the receive and visibility change schedule a wake-up of long polls at the deadline).
 
 What differs from SQS, said here and in docs/sqs.md: a staged message is in flight for the
-other fronts (native, Sasquatch, Python) until SQS deletes it; a message moved to a FIFO dead-letter queue is copied there and then deleted (two commits: a
-crash between them leaves it in both queues, never in neither).
+other fronts (native, Sasquatch, Python) until SQS deletes it; a message moved to a FIFO
+dead-letter queue is copied there and then deleted (two commits: a crash between them
+leaves it in both queues, never in neither).
 
-Every method runs in a pool thread with the queue's ClientConn lock held, except ``wake``.
+Every method runs in a pool thread, except ``holds``, ``take_now`` and ``release(...,
+block=False)`` (the event loop's, never waiting for a lock); ``take`` takes the queue's
+ClientConn lock.
 """
 import queue as _stdlib_queue
 import secrets
@@ -87,37 +91,63 @@ class FifoState:
 
     def take(self, cc, n, vt, max_receives=None, dead_letter=None):
         """Up to n messages for one receive: [(receipt, Message, SQS receive count)]; a
-        group with a delivery in flight is skipped whole, so it stays in order."""
+        group with a delivery in flight is skipped whole, so it stays in order.  A message
+        received more than max_receives times moves to dead_letter (an AckQueue)."""
         with cc.lock, self.lock:
             if cc.conn.closed:
                 return []
-            self._expire()
-            self._fill(cc)
-            chosen, dead = [], []
-            for m in list(self.pending):
-                g = group_of(m)
-                if g in self.busy:
-                    continue
-                count = self.receives.get(int(m.id), 0) + m.receive_count
-                if max_receives is not None and count > max_receives and dead_letter:
-                    dead.append(m)
-                    self.pending.remove(m)
-                    continue
-                if len(chosen) == n:
-                    continue
-                chosen.append((m, g, count))
-            out = []
-            for m, g, count in chosen:
-                self.receives[int(m.id)] = self.receives.get(int(m.id), 0) + 1
-                receipt = f"{int(m.id)}.{secrets.token_urlsafe(18)}"
-                if vt > 0:
-                    self.pending.remove(m)
-                    self.out[receipt] = _Flight(m, g, self.clock() + vt)
-                    self.busy[g] = self.busy.get(g, 0) + 1
-                out.append((receipt, m, count))
+            out, dead = self._choose(cc, n, vt, max_receives, dead_letter)
         if dead:
             self._dead_letter(cc, dead, dead_letter)
         return out
+
+    def take_now(self, cc, n, vt, max_receives=None, dead_letter=None):
+        """take() for the event loop's own thread: None where it would wait (cc's lock or
+        the staging's busy in a pool thread) or where it may move dead letters (their put
+        and ack wait for commits), so the caller takes in the pool instead."""
+        if max_receives is not None and dead_letter:
+            return None
+        if not cc.lock.acquire(blocking=False):
+            return None
+        try:
+            if not self.lock.acquire(blocking=False):
+                return None
+            try:
+                if cc.conn.closed:
+                    return []
+                return self._choose(cc, n, vt, max_receives, None)[0]
+            finally:
+                self.lock.release()
+        finally:
+            cc.lock.release()
+
+    def _choose(self, cc, n, vt, max_receives, dead_letter):
+        """(deliveries out, messages to dead-letter) of one take (both locks held)."""
+        self._expire()
+        self._fill(cc)
+        chosen, dead = [], []
+        for m in list(self.pending):
+            g = group_of(m)
+            if g in self.busy:
+                continue
+            count = self.receives.get(int(m.id), 0) + m.receive_count
+            if max_receives is not None and count > max_receives and dead_letter:
+                dead.append(m)
+                self.pending.remove(m)
+                continue
+            if len(chosen) == n:
+                continue
+            chosen.append((m, g, count))
+        out = []
+        for m, g, count in chosen:
+            self.receives[int(m.id)] = self.receives.get(int(m.id), 0) + 1
+            receipt = f"{int(m.id)}.{secrets.token_urlsafe(18)}"
+            if vt > 0:
+                self.pending.remove(m)
+                self.out[receipt] = _Flight(m, g, self.clock() + vt)
+                self.busy[g] = self.busy.get(g, 0) + 1
+            out.append((receipt, m, count))
+        return out, dead
 
     def _dead_letter(self, cc, messages, target):
         """Copy messages to the dead-letter queue (an AckQueue), then delete them here."""
@@ -127,24 +157,28 @@ class FifoState:
             target.put_many([m.body], False, None, options=opts, encoded=True)
             with cc.lock:
                 try:
-                    cc.queue.ack_many([m])
+                    cc.conn.ack_many_holdings([cc.holding(m)])
                 except (StaleAck, NotHeld):
                     pass
             self.receives.pop(int(m.id), None)
 
-    def delete(self, cc, receipt):
-        """Acknowledge the delivery receipt names (a no-op when it names none)."""
-        with self.lock:
-            if receipt not in self.out:
-                return False
-            f = self._land(receipt)
-            self.receives.pop(int(f.message.id), None)
-        with cc.lock:
-            try:
-                cc.queue.ack_many([f.message])
-            except (StaleAck, NotHeld):          # purged meanwhile
-                pass
-        return True
+    def release(self, receipts, block=True):
+        """The library Messages of the deliveries receipts name (those out to an SQS
+        receiver; the others name none), no longer staged: the caller acknowledges them
+        (a delete).  block=False (the event loop's thread): None when a pool thread holds
+        the staging, and nothing is released."""
+        if not self.lock.acquire(blocking=block):
+            return None
+        try:
+            out = []
+            for receipt in receipts:
+                if receipt in self.out:
+                    f = self._land(receipt)
+                    self.receives.pop(int(f.message.id), None)
+                    out.append(f.message)
+            return out
+        finally:
+            self.lock.release()
 
     def change(self, receipt, seconds):
         """A new deadline for receipt's delivery (0: back now); False if it is not out."""

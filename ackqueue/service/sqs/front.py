@@ -40,7 +40,7 @@ class SqsFront:
         self.api = api
         self.service = api.service
         self.clock = clock
-        self.registry = Registry(self.service._handle.db, clock)
+        self.registry = Registry(self.service.db, clock)
         self.session = Session("sqs", 0.0)
         self.conns = {}            # queue name -> ClientConn holding SQS deliveries
         self.expiry = {}           # receipt -> clock time its delivery is given back

@@ -18,7 +18,7 @@ from .errors import SqsError
 from .params import integer, queue_name_of_url
 from .queueattrs import is_fifo
 
-__all__ = ["ACTIONS"]
+__all__ = ["ACTIONS", "SYSTEM_NAMES", "batch_entries", "failed_entry", "message_id"]
 
 MAX_BATCH = 10
 DEDUP_WINDOW = 300.0
@@ -131,12 +131,9 @@ def _fifo_fields(p, attrs, data, fifo):
 
 async def _put(sqs, name, s):
     q, _ = await sqs.queue(name)
-
-    def put(then):
-        return q.put_many([s.body], False, None, options=s.opts, dedup_ids=[s.dedup],
-                          encoded=True, then=then)
     try:
-        [mid] = await sqs.api.bridge.durable(put)
+        [mid] = await sqs.api.put_many(q, [s.body], block=False, options=s.opts,
+                                       dedup_ids=[s.dedup])
     except DuplicateMessage as exc:         # FIFO: a duplicate is accepted, not stored
         mid = exc.original_id if exc.original_id is not None else 0
     return _answer(name, s, mid)
@@ -146,10 +143,8 @@ async def _put_same(sqs, name, sends):
     """Messages of a standard queue with the same options (no dedup ids) in one put_many,
     so one commit; their answers in order."""
     q, _ = await sqs.queue(name)
-    opts = sends[0].opts
-    ids = await sqs.api.bridge.durable(
-        lambda then: q.put_many([s.body for s in sends], False, None, options=opts,
-                                encoded=True, then=then))
+    ids = await sqs.api.put_many(q, [s.body for s in sends], block=False,
+                                 options=sends[0].opts)
     return [_answer(name, s, mid) for s, mid in zip(sends, ids)]
 
 
@@ -171,7 +166,9 @@ async def send_message(sqs, call):
     return await _put(sqs, name, _check_send(sqs, call, rec, name, call.params, q.codec))
 
 
-def _entries(params, key, action):
+def batch_entries(params, key, action):
+    """The entries of a batch request (params[key]): 1 to MAX_BATCH structures with
+    distinct, well-formed Ids; else the SqsError SQS answers for the whole batch."""
     entries = params.get(key)
     if not entries:
         raise SqsError("EmptyBatchRequest" if entries == [] else "MissingParameter",
@@ -197,7 +194,8 @@ def _entries(params, key, action):
     return entries
 
 
-def _failed(entry_id, exc):
+def failed_entry(entry_id, exc):
+    """A batch answer's Failed entry for entry_id, from the SqsError it failed with."""
     return {"Id": entry_id, "SenderFault": exc.status < 500, "Code": exc.legacy_code
             if exc.code == "QueueDoesNotExist" else exc.code, "Message": exc.message}
 
@@ -205,7 +203,7 @@ def _failed(entry_id, exc):
 async def send_message_batch(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     rec = await sqs.record(name)
-    entries = _entries(call.params, "Entries", "SendMessageBatch")
+    entries = batch_entries(call.params, "Entries", "SendMessageBatch")
     if is_fifo(name):          # SQS refuses the whole batch for these, not an entry
         for e in entries:
             if not e.get("MessageGroupId"):
@@ -234,7 +232,7 @@ async def send_message_batch(sqs, call):
     else:
         results = await _standard_batch(sqs, call, rec, name, entries, q.codec)
     return {"Successful": [dict(Id=i, **ok) for i, ok, _ in results if ok is not None],
-            "Failed": [_failed(i, exc) for i, _, exc in results if exc is not None]}
+            "Failed": [failed_entry(i, exc) for i, _, exc in results if exc is not None]}
 
 
 async def _standard_batch(sqs, call, rec, name, entries, queue_codec):

@@ -11,14 +11,14 @@ from . import msgattrs
 from ..backend import take_now
 from .digest import md5_of_attributes
 from .errors import SqsError
-from .messages import SYSTEM_NAMES, _entries, _failed, message_id
+from .messages import SYSTEM_NAMES, batch_entries, failed_entry, message_id
 from .params import integer, queue_name_of_url, required, string_list
 from .queueattrs import arn, is_fifo
 
 __all__ = ["ACTIONS"]
 
 MAX_VISIBILITY = 43200
-_RECEIPT = re.compile(r"\d+\.[A-Za-z0-9_\-]{24,28}\Z")   # backend.Service.register's
+_RECEIPT = re.compile(r"\d+\.[A-Za-z0-9_\-]{24,28}\Z")   # core.Service.register's
 
 
 
@@ -93,7 +93,8 @@ async def receive_message(sqs, call):
         return await _receive_fifo(sqs, call, name, q, cc, n, vt, wait, policy,
                                    wanted_system, wanted_attrs)
     messages = await sqs.api.poll(call.request, name, q, cc,
-                                  lambda: take_now(cc, n, vt, policy), wait)
+                                  lambda: take_now(cc, n, vt, policy), wait,
+                                  now=_on_loop(sqs, cc, n, vt, policy))
     if vt == 0:
         delivered = [(_unheld(m), m) for m in messages]
     else:
@@ -105,6 +106,15 @@ async def receive_message(sqs, call):
                          for r, m in delivered]}
 
 
+def _on_loop(sqs, cc, n, vt, policy):
+    """The receive's try on the event loop's own thread (the native receive's, no pool
+    hop), or None where only the pool may take: a dead-letter policy's claim waits for a
+    commit, and a VisibilityTimeout of 0 gives each message back at once."""
+    if policy is not None or vt == 0:
+        return None
+    return lambda: sqs.service.receive_now(cc, n, vt)
+
+
 async def _receive_fifo(sqs, call, name, q, cc, n, vt, wait, policy, wanted_system,
                         wanted_attrs):
     st = sqs.fifo_state(name)
@@ -113,7 +123,8 @@ async def _receive_fifo(sqs, call, name, q, cc, n, vt, wait, policy, wanted_syst
         target = await sqs.api.queue(policy.target)
     mr = None if policy is None else policy.max_receives
     got = await sqs.api.poll(call.request, name, q, cc,
-                             lambda: st.take(cc, n, vt, mr, target), wait, give_back=False)
+                             lambda: st.take(cc, n, vt, mr, target), wait, give_back=False,
+                             now=lambda: st.take_now(cc, n, vt, mr, target))
     if not got:
         return {}
     if vt > 0:
@@ -159,22 +170,31 @@ async def _delete(sqs, name, receipts):
     if is_fifo(name):
         _, cc = await sqs.queue(name)
         st = sqs.fifo_state(name)
-        for r in receipts:
-            if await sqs.run(st.delete, cc, r):
-                sqs.api.wake(name)          # its group is free: wake long polls
+        messages = st.release(receipts, block=False)
+        if messages is None:                 # a pool thread holds the staging
+            messages = await sqs.run(st.release, receipts)
+        if messages:
+            await _ack(sqs, cc, messages)
+            sqs.api.wake(name)               # their groups are free: wake long polls
         return
     found = [(r, d) for r in receipts for d in [sqs.delivery(name, r)] if d is not None]
-    if not found:
-        return
+    if found:                              # (all held by the front's one connection)
+        await _ack(sqs, found[0][1].cconn, [d.message for _, d in found])
+        sqs.service.forget([r for r, _ in found])
+
+
+async def _ack(sqs, cc, messages):
+    """Acknowledge messages cc received, by the runtime's ack_many: in one commit when all
+    are still held, else one by one what still is (a message given back or purged
+    meanwhile is skipped)."""
     try:
-        await sqs.api.ack_many(found[0][1].cconn, [d.message for _, d in found])
+        await sqs.api.ack_many(cc, messages)
     except (StaleAck, NotHeld):
-        for r, d in found:                 # one by one: ack what is still held
+        for m in messages:
             try:
-                await sqs.api.ack_many(d.cconn, [d.message])
+                await sqs.api.ack_many(cc, [m])
             except (StaleAck, NotHeld):
                 pass
-    sqs.service.forget([r for r, _ in found])
 
 
 async def delete_message(sqs, call):
@@ -188,13 +208,13 @@ async def delete_message(sqs, call):
 async def delete_message_batch(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     await sqs.record(name)
-    entries = _entries(call.params, "Entries", "DeleteMessageBatch")
+    entries = batch_entries(call.params, "Entries", "DeleteMessageBatch")
     ok, failed = [], []
     for e in entries:
         try:
             ok.append((e["Id"], _check_receipt(sqs, name, e.get("ReceiptHandle"))))
         except SqsError:
-            failed.append(_failed(e["Id"], SqsError(
+            failed.append(failed_entry(e["Id"], SqsError(
                 "ReceiptHandleIsInvalid", f"The input receipt handle \"{e.get('ReceiptHandle')}"
                                           "\" is not a valid receipt handle.")))
     await _delete(sqs, name, [r for _, r in ok])
@@ -244,7 +264,7 @@ async def change_message_visibility_batch(sqs, call):
     name = queue_name_of_url(call.params.get("QueueUrl"))
     await sqs.record(name)
     ok, failed = [], []
-    for e in _entries(call.params, "Entries", "ChangeMessageVisibilityBatch"):
+    for e in batch_entries(call.params, "Entries", "ChangeMessageVisibilityBatch"):
         try:
             seconds = integer(e, "VisibilityTimeout", None, 0, MAX_VISIBILITY)
             if seconds is None:
@@ -253,7 +273,7 @@ async def change_message_visibility_batch(sqs, call):
             await _change(sqs, name, e.get("ReceiptHandle"), seconds)
             ok.append({"Id": e["Id"]})
         except SqsError as exc:
-            failed.append(_failed(e["Id"], exc))
+            failed.append(failed_entry(e["Id"], exc))
     return {"Successful": ok, "Failed": failed}
 
 
