@@ -1,9 +1,7 @@
 """The contracts inside ackqueue, written once, as ``transaction.interfaces`` writes its own.
 
-An operation flows one way::
-
-    front (queue.AckQueue)  ->  proxy (connection.QueueConnection)  ->  state (state.QueueState)
-        ->  committer (commit.Committer)  ->  store (store.py operations)  ->  ZODB storage
+The layers and the way data flows through them are drawn once, in docs/architecture.md;
+this module states the contracts between them.
 
 ``IQueueState`` is what the front and its proxies rely on: the rules of one named queue
 in this process (delivery, give-back, visibility, dead letters, counts), written once.

@@ -33,17 +33,16 @@ import math
 
 from aiohttp import web
 
-from ackqueue import codec, jsontext, store
+from ackqueue import codec, store
 from ackqueue.atomic import transaction
 from ackqueue.errors import DuplicateMessage, ItemTooLarge, QueueKindMismatch, StaleAck
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
-from ackqueue.frames import FRAMES, decode_frames
 
 from .backend import check_client, check_name
 from .errors import ApiError
-from .params import MAX_BATCH
+from .params import MAX_BATCH, batch_document
 
-__all__ = ["add_routes", "parse", "queues_named"]
+__all__ = ["add_routes", "parse"]
 
 _PUT_KEYS = {"queue", "body", "encoding", "priority", "delay", "retention", "attributes",
              "dedup_id", "idempotency_key"}
@@ -65,30 +64,6 @@ class Put:
 
 def _bad(entry, message, code="ValidationError", status=400):
     return ApiError(status, code, f"{entry}: {message}", entry=entry)
-
-
-def _load(data, content_type):
-    """(document, bodies or None) of a request body, JSON or frames."""
-    bodies = None
-    if content_type == FRAMES:
-        try:
-            parts = decode_frames(data)
-        except ValueError as exc:
-            raise ApiError(400, "InvalidRequest", f"bad framing: {exc}") from None
-        if not parts:
-            raise ApiError(400, "InvalidRequest", "frames: the JSON document comes first")
-        data, bodies = parts[0], parts[1:]
-    try:
-        doc = jsontext.loads(data)
-    except ValueError as exc:                   # (UnicodeDecodeError is one)
-        raise ApiError(400, "InvalidRequest",
-                       "the body must be a JSON object" + jsontext.why(exc)) from None
-    if not isinstance(doc, dict):
-        raise ApiError(400, "InvalidRequest", "the body must be a JSON object")
-    unknown = set(doc) - {"puts", "acks", "lease", "idempotency_key"}
-    if unknown:
-        raise ApiError(400, "ValidationError", f"unknown fields: {', '.join(sorted(unknown))}")
-    return doc, bodies
 
 
 def _list(doc, key):
@@ -224,7 +199,7 @@ def _lease(doc):
 def parse(data, content_type, max_body):
     """(puts, acks, lease client or None, lease receipts) of a batch request, validated;
     ApiError (naming the entry) otherwise."""
-    doc, bodies = _load(data, content_type)
+    doc, bodies = batch_document(data, content_type)
     batch_key = doc.get("idempotency_key")
     if batch_key is not None:
         batch_key = _key("idempotency_key", batch_key, limit=90)
@@ -245,28 +220,6 @@ def parse(data, content_type, max_body):
     if not puts and not acks and client is None:
         raise ApiError(400, "ValidationError", "a batch has puts, acks or a lease check")
     return puts, acks, client, kept
-
-
-def queues_named(data, content_type):
-    """[(queue, right)] a batch request touches, for access control: write on the queues
-    it puts to, read on those whose receipts it acks or checks.  A body that cannot be
-    read names none (the handler refuses it)."""
-    try:
-        doc, _ = _load(data, content_type)
-    except ApiError:
-        return []
-    out = []
-    for key, right in (("puts", "write"), ("acks", "read")):
-        items = doc.get(key)
-        for e in items if isinstance(items, list) else ():
-            if isinstance(e, dict) and isinstance(e.get("queue"), str):
-                out.append((e["queue"], right))
-    lease = doc.get("lease")
-    items = lease.get("receipts") if isinstance(lease, dict) else None
-    for e in items if isinstance(items, list) else ():
-        if isinstance(e, dict) and isinstance(e.get("queue"), str):
-            out.append((e["queue"], "read"))
-    return out
 
 
 def _check_encodings(queues, puts):

@@ -46,6 +46,8 @@ from aiohttp import web
 
 from ackqueue import jsontext
 
+from .params import batch_queues
+
 __all__ = ["Auth", "load_auth", "ROUTES", "prepare", "Refused", "is_loopback", "may"]
 
 RIGHTS = ("read", "write", "admin")
@@ -65,7 +67,7 @@ CLIENT = _request_key("ackqueue.client")       # the request's auth.Client
 # (method, route) -> (right, where the queue name is): "path" {name}; "all" service-wide
 # (the right under "*"); "body" the JSON body's queue_name (Sasquatch); "batch" every
 # queue_name of the body's messages; "query" ?queue_name=; "lease" the client id in the
-# path must be the caller's; "txn" an atomic batch's queues (atomic_batch.queues_named: write
+# path must be the caller's; "txn" an atomic batch's queues (params.batch_queues: write
 # where it puts, read where it acks); "receipts" the body's queue_name if it names one,
 # else the handler checks each receipt's queue (may()); None: open.
 ROUTES = {
@@ -243,9 +245,8 @@ async def _queues(request, where):
     if where == "query":
         return [(request.query.get("queue_name") or "*", None)]
     if where == "txn":
-        from .atomic_batch import queues_named
         data = await request.read() if request.body_exists else b""
-        return queues_named(data, request.content_type) or [("*", None)]
+        return batch_queues(data, request.content_type) or [("*", None)]
     if where == "receipts":
         names = await _queues(request, "body")
         # No queue named: the handler checks the queue of each receipt instead of "*".

@@ -9,6 +9,7 @@ Nothing here touches a queue.
 import math
 
 from ackqueue import codec, jsontext, store
+from ackqueue.frames import FRAMES, decode_frames
 from ackqueue.queue import MAX_ATTRIBUTES, MAX_DEDUP_ID
 
 from .backend import check_client, check_name
@@ -16,7 +17,7 @@ from .errors import ApiError
 
 __all__ = ["MAX_BATCH", "MAX_RECEIVE", "MAX_WAIT", "number", "queue_name", "client",
            "path_client", "put_options", "dead_letter_options", "dedup", "encoding",
-           "marked", "receipts"]
+           "marked", "receipts", "batch_document", "batch_queues"]
 
 MAX_BATCH = 1000            # messages of a batch put, receipts of one ack
 MAX_RECEIVE = 100           # messages of one receive
@@ -196,3 +197,50 @@ def _body_receipts(data):
                        'the body must be {"receipts": ["...", ...]}'
                        + jsontext.why(exc)) from None
     return more
+
+
+def batch_document(data, content_type):
+    """(document, bodies or None) of an atomic batch's body (POST /v1/batch), JSON or
+    frames; ApiError for a body that is neither, or names unknown fields."""
+    bodies = None
+    if content_type == FRAMES:
+        try:
+            parts = decode_frames(data)
+        except ValueError as exc:
+            raise ApiError(400, "InvalidRequest", f"bad framing: {exc}") from None
+        if not parts:
+            raise ApiError(400, "InvalidRequest", "frames: the JSON document comes first")
+        data, bodies = parts[0], parts[1:]
+    try:
+        doc = jsontext.loads(data)
+    except ValueError as exc:                   # (UnicodeDecodeError is one)
+        raise ApiError(400, "InvalidRequest",
+                       "the body must be a JSON object" + jsontext.why(exc)) from None
+    if not isinstance(doc, dict):
+        raise ApiError(400, "InvalidRequest", "the body must be a JSON object")
+    unknown = set(doc) - {"puts", "acks", "lease", "idempotency_key"}
+    if unknown:
+        raise ApiError(400, "ValidationError", f"unknown fields: {', '.join(sorted(unknown))}")
+    return doc, bodies
+
+
+def batch_queues(data, content_type):
+    """[(queue, right)] a batch request touches, for access control: write on the queues
+    it puts to, read on those whose receipts it acks or checks.  A body that cannot be
+    read names none (the handler refuses it)."""
+    try:
+        doc, _ = batch_document(data, content_type)
+    except ApiError:
+        return []
+    out = []
+    for key, right in (("puts", "write"), ("acks", "read")):
+        items = doc.get(key)
+        for e in items if isinstance(items, list) else ():
+            if isinstance(e, dict) and isinstance(e.get("queue"), str):
+                out.append((e["queue"], right))
+    lease = doc.get("lease")
+    items = lease.get("receipts") if isinstance(lease, dict) else None
+    for e in items if isinstance(items, list) else ():
+        if isinstance(e, dict) and isinstance(e.get("queue"), str):
+            out.append((e["queue"], "read"))
+    return out
