@@ -53,8 +53,8 @@ class SqsApp:
 
 
 async def serving(path, scenario):
-    from ackqueue.service.core import Service
-    from ackqueue.service.http import API, make_app
+    from ackqueue.service.backend import Service
+    from ackqueue.service.app import API, make_app
     service = Service(str(path))
     app = make_app(service, pool_size=4)
     api = app[API]
