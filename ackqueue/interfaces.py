@@ -27,7 +27,7 @@ from zope.interface import Attribute, Interface
 
 __all__ = ["IQueueFront", "IDatabase", "IProxy", "IQueueConnection", "IRemoteConnection",
            "IFrontState", "IQueueState", "IArbiter", "ILocalArbiter", "ISharedArbiter",
-           "ITicket"]
+           "ITicket", "IServiceBackend", "IClientConnection", "IServiceRuntime"]
 
 
 class IQueueFront(Interface):
@@ -479,3 +479,125 @@ class ITicket(Interface):
 
     def wait_finished():
         """Wait until the outcome is known, without raising its error."""
+
+
+class IClientConnection(Interface):
+    """One service client's connection to one queue (ackqueue.service.backend.ClientConn):
+    it holds that client's deliveries, and their acks, nacks and visibility changes go
+    through it, the connection that received them, one call at a time under ``lock``."""
+
+    queue = Attribute("The AckQueue front the connection belongs to.")
+    conn = Attribute("The queue's connection (connect(thread_bound=False)) that received.")
+    lock = Attribute("Held by the one pool thread or loop callback using the connection.")
+
+    def holding(message):
+        """The delivery a received Message names; NotHeld when it names none."""
+
+    def submit_acks(messages, then):
+        """Acknowledge received messages in one commit, all or (StaleAck) none, without
+        waiting: then(error or None) once the commit's outcome is known."""
+
+    def close():
+        """Close the connection, giving back what it still holds."""
+
+
+class IServiceBackend(Interface):
+    """The queue service's one backend (ackqueue.service.backend.Service): named queues
+    over one storage, client sessions with leases, the receipts of deliveries held for
+    remote clients.  Every front reaches the store through it; its blocking methods run in
+    the runtime's pool, never on the event loop (receive_now and the maps aside)."""
+
+    path = Attribute("The storage's file, or None for memory.")
+    durability = Attribute("The file's durability ('fsync' or 'os').")
+    closed = Attribute("True once close() began.")
+    db = Attribute("The storage's ZODB database, for records kept beside the queues.")
+    queues = Attribute("{name: AckQueue} of the queues open (read on the loop).")
+    leases = Attribute("The client sessions and their leases (backend.Leases).")
+    receipts = Attribute("{receipt handle: Delivery} of the deliveries held for clients.")
+
+    def queue(name, *, lifo=False):
+        """The AckQueue named name, opened on first use and kept until close (blocking)."""
+
+    def open_front(name, maxsize=0, *, lifo=False):
+        """A new AckQueue front on queue name, owned by the caller (blocking)."""
+
+    def committer():
+        """The storage's committer, which the event loop's bridge listens to."""
+
+    def pack(keep_seconds=0.0):
+        """Pack the storage while its queues stay in use (blocking)."""
+
+    def list_queues():
+        """{name: counts} of every queue of the storage (blocking)."""
+
+    def client_conn(session, name):
+        """session's IClientConnection to queue name (blocking: opens the queue)."""
+
+    def receive(cc, n, visibility_timeout, **dead_letter):
+        """Up to n messages received through cc now, never waiting for messages."""
+
+    def receive_now(cc, n, visibility_timeout):
+        """receive() for the event loop's own thread (no dead-letter policy); None when
+        it would have to wait for a lock or a commit."""
+
+    def register(name, session, cc, messages):
+        """Receipt handles for delivered messages (event loop thread)."""
+
+    def forget(receipts):
+        """Drop receipt handles whose deliveries ended."""
+
+    def give_back(cc, messages):
+        """Deliveries that never reached their client go back (blocking)."""
+
+    def ack_submit(cc, messages, then):
+        """cc.submit_acks under cc's lock (blocking for the lock only)."""
+
+    def nack(cc, message, delay):
+        """Give a delivery back through cc, ready again after delay seconds (blocking)."""
+
+    def change_visibility(cc, message, seconds):
+        """Move a delivery's visibility deadline to seconds from now, through cc."""
+
+    def close_session_conns(session):
+        """A session's lease ended: close its connections, giving back what they held."""
+
+    def close():
+        """Close every session and queue, then release the storage."""
+
+
+class IServiceRuntime(Interface):
+    """The per-API runtime of the service (ackqueue.service.runtime.Api): the event loop,
+    the thread pool, long polls and wake-ups, and the calls every front makes (native,
+    Sasquatch's RPC, SQS), so that one message takes one road whatever the front."""
+
+    service = Attribute("The IServiceBackend.")
+    loop = Attribute("The event loop (set at startup).")
+    pool = Attribute("The thread pool the blocking backend calls run in.")
+
+    def run(fn, *args):
+        """Await fn(*args) run in the pool."""
+
+    def put_many(q, bodies, **kwargs):
+        """Await q.put_many(bodies, encoded=True, **kwargs) durable, no thread waiting."""
+
+    def ack_many(cc, messages):
+        """Await the acks of messages held by cc in one commit, durable: all or none."""
+
+    def queue(name):
+        """Await the backend's queue name, with the runtime's ready listener on it."""
+
+    def wake(name):
+        """Wake every long poll waiting on queue name (the loop's thread only)."""
+
+    def session(client):
+        """client's session (made on first use), its lease renewed."""
+
+    def storage_full(exc):
+        """The 503 StorageFull ApiError for exc when the storage is full, else None."""
+
+    def poll(request, name, q, cc, attempt, wait, *, give_back=True, done=None, now=None):
+        """The service's one long poll: attempt() until it delivers, wait runs out, or
+        the request or the service ends."""
+
+    def close_session(s):
+        """Close session s's connections (their deliveries go back) and forget it."""

@@ -2,7 +2,8 @@
 with zope.interface.verify.verifyObject on live objects (the transaction package's habit):
 a queue in memory and on a file (Database, QueueState, QueueConnection, LocalArbiter, a
 Ticket), a queue shared through a real ZEO server (SharedArbiter), and a queue reached
-through a real ``ackqueue serve`` (RemoteDatabase, RemoteState, RemoteConnection)."""
+through a real ``ackqueue serve`` (RemoteDatabase, RemoteState, RemoteConnection), and the
+service's own parts on a queue file (its backend, a client's connection, the runtime)."""
 import threading
 
 import pytest
@@ -17,6 +18,8 @@ from ackqueue.connection import QueueConnection
 from ackqueue.database import Database
 from ackqueue.remote.connection import RemoteConnection
 from ackqueue.remote.database import RemoteDatabase, RemoteState
+from ackqueue.service.backend import ClientConn, Service
+from ackqueue.service.runtime import Api
 from ackqueue.state import QueueState
 
 IMPLEMENTATIONS = [
@@ -29,6 +32,8 @@ IMPLEMENTATIONS = [
     (I.IArbiter, LocalArbiter), (I.ILocalArbiter, LocalArbiter),
     (I.IArbiter, SharedArbiter), (I.ISharedArbiter, SharedArbiter),
     (I.ITicket, Ticket),
+    (I.IServiceBackend, Service), (I.IClientConnection, ClientConn),
+    (I.IServiceRuntime, Api),
 ]
 
 
@@ -96,3 +101,18 @@ def test_a_queue_through_the_service_provides_its_contracts(own_service):
         finally:
             conn.close()
     assert service.stop() == 0
+
+
+def test_the_service_parts_provide_their_contracts(tmp_path):
+    from ackqueue.service.app import API, make_app
+    service = Service(str(tmp_path / "service.fs"))
+    try:
+        api = make_app(service, pool_size=2)[API]
+        assert verifyObject(I.IServiceBackend, service)
+        assert verifyObject(I.IServiceRuntime, api) and api.service is service
+        cc = service.client_conn(api.session("client-1"), "jobs")
+        assert verifyObject(I.IClientConnection, cc)
+        assert cc.queue is service.queues["jobs"]
+        api.pool.shutdown()
+    finally:
+        service.close()

@@ -16,10 +16,13 @@ import secrets
 import threading
 import time
 
+from zope.interface import implementer
+
 import ackqueue
 from ackqueue import AckQueue
 from ackqueue.errors import NotHeld
 from ackqueue.database import open_database
+from ackqueue.interfaces import IClientConnection, IServiceBackend
 
 __all__ = ["Service", "Session", "Leases", "Delivery", "ClientConn", "check_name",
            "check_client"]
@@ -40,6 +43,7 @@ def check_client(client):
     return client
 
 
+@implementer(IClientConnection)
 class ClientConn:
     """One client's connection to one queue: it holds that client's deliveries, and their
     acks, nacks and visibility changes go through it (the connection that received them),
@@ -134,6 +138,7 @@ class Leases:
         return s
 
 
+@implementer(IServiceBackend)
 class Service:
     """Queues of one storage (a file, or memory when path is None).
 
@@ -220,8 +225,7 @@ class Service:
             cc = session.conns.setdefault(name, ClientConn(q, q.connect(thread_bound=False)))
         return cc
 
-    @staticmethod
-    def receive(cc, n, visibility_timeout, **dead_letter):
+    def receive(self, cc, n, visibility_timeout, **dead_letter):
         """Up to n messages now, never waiting (blocking only for the pool's thread).
         dead_letter: max_receives= (and dead_letter=), the receive rules of AckQueue.get."""
         kwargs = {} if visibility_timeout is None else {
@@ -239,8 +243,7 @@ class Service:
             except ackqueue.Empty:
                 return []
 
-    @staticmethod
-    def receive_now(cc, n, visibility_timeout):
+    def receive_now(self, cc, n, visibility_timeout):
         """receive() for the event loop's own thread, with no dead-letter policy (whose
         claim waits for a commit): None when cc's lock is busy (an ack of this client
         waiting for its commit holds it), so the caller tries in the pool instead.  The
@@ -279,8 +282,7 @@ class Service:
             if d is not None:
                 d.session.receipts.discard(r)
 
-    @staticmethod
-    def give_back(cc, messages):
+    def give_back(self, cc, messages):
         """Deliveries that never reached their client go back (blocking)."""
         with cc.lock:
             for m in messages:
@@ -289,26 +291,22 @@ class Service:
                 except ackqueue.NotHeld:      # its deadline gave it back already
                     pass
 
-    @staticmethod
-    def ack_submit(cc, messages, then):
+    def ack_submit(self, cc, messages, then):
         """Acknowledge messages held by cc in one commit, all or (StaleAck) none, without
         waiting for it (the seam's then=; runtime.Api.ack_many calls it from a pool thread
         when cc's lock is busy): StaleAck at once, else then(error) once durable."""
         with cc.lock:
             cc.submit_acks(messages, then)
 
-    @staticmethod
-    def nack(cc, message, delay):
+    def nack(self, cc, message, delay):
         with cc.lock:
             cc.conn.nack(message, delay)
 
-    @staticmethod
-    def change_visibility(cc, message, seconds):
+    def change_visibility(self, cc, message, seconds):
         with cc.lock:
             cc.conn.change_visibility_holding(cc.holding(message), seconds)
 
-    @staticmethod
-    def close_session_conns(session):
+    def close_session_conns(self, session):
         """A session's lease ended: close its connections, giving back what they held."""
         for cc in list(session.conns.values()):
             cc.close()

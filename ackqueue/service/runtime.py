@@ -33,9 +33,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
+from zope.interface import implementer
 
 import ackqueue
 from ackqueue.errors import EncodingRefused
+from ackqueue.interfaces import IServiceRuntime
 
 from . import storagefull
 from .bridge import Bridge
@@ -51,6 +53,7 @@ log = logging.getLogger("ackqueue.service")
 VERSION = ackqueue.__version__
 
 
+@implementer(IServiceRuntime)
 class Api:
     """The runtime of one application over one backend (service)."""
 
