@@ -1,4 +1,4 @@
-"""ackqueue's side-by-side benchmark suite (issue 5): a package run as ``python -m
+"""ackqueue's side-by-side benchmark suite: a package run as ``python -m
 benchmarks`` from the repository root (see benchmarks/README.md).
 
 Layout:

@@ -1,4 +1,4 @@
-"""What prefetch_wait costs in latency through a ZEO server (issue 28 point 4).
+"""What prefetch_wait costs in latency through a ZEO server.
 
 ``AckQueue(path="zeo://...", prefetch=P, prefetch_wait=S)`` lets a get that finds fewer
 messages ready than its batch wait up to S seconds for more, so that a consumer that

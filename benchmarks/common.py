@@ -7,7 +7,7 @@ REPO = os.path.dirname(HERE)
 PAYLOAD = "x" * 70                 # with the "n" key: 105 bytes as a pickle
 GET_TIMEOUT = 30.0
 REFERENCE = "persist-queue"          # ratios are taken against this label
-LEAN = "ZODB lean (reference)"       # benchmarks/lean.py: what ZODB allows (issue 5's targets)
+LEAN = "ZODB lean (reference)"       # benchmarks/lean.py: what ZODB allows
 SHARED_QUEUE_NAME = "bench"
 
 

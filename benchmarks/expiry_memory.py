@@ -1,4 +1,4 @@
-"""What the expiry index (issue 25 point 4) costs in memory and what a count costs with it.
+"""What the expiry index costs in memory and what a count costs with it.
 
 python -m benchmarks.expiry_memory [--count N] [--tmpdir DIR]
 

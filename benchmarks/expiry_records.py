@@ -1,5 +1,4 @@
-"""What the expiry index (issue 25 point 4) writes per commit, side by side with the same
-code without it.
+"""What the expiry index writes per commit, side by side with the same code without it.
 
 python -m benchmarks.expiry_records [--cycles N] [--tmpdir DIR]
 

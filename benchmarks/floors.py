@@ -128,17 +128,17 @@ def meets(value, needed, higher_better):
 def target_rows(report, reference="persist-queue", ours="ackqueue (fsync)",
                 shared="ackqueue (zeo)", lean="ZODB lean (reference)",
                 counted="ZODB lean + Counters (floor)"):
-    """The standing targets, all with durability equal to persist-queue's: issue 28's (one
-    thread no slower than persist-queue in (a) and (b); within 10% of the lean ZODB queue in
-    (a)-(d)) and issue 5's wake-up latencies in (e).  One dict per target, {target, needed,
+    """The standing targets, all with durability equal to persist-queue's: one thread no
+    slower than persist-queue in (a) and (b); within 10% of the lean ZODB queue in (a)-(d);
+    the wake-up latencies in (e).  One dict per target, {target, needed,
     measured, met, bound, bound_says, higher_better, lean}.  bound is None where no floor
     applies; bound_says explains how it was derived.  lean is what benchmarks/lean.py's
     minimal ZODB queue measured in the same scenario of the same run (None where it was not
     run, or where the target is defined by it).  The bound of the 0.9x-lean targets is
     the lean queue that also writes ackqueue's Counters in every commit (counted), when it
-    ran: what the layout of ackqueue's store allows at the lean queue's Python.  Issue 5's
-    (b) 2x and (c) 10x persist-queue were withdrawn by issue 28: the floors showed them
-    out of reach for any queue on an fsync'd FileStorage."""
+    ran: what the layout of ackqueue's store allows at the lean queue's Python.  No target
+    asks for 2x persist-queue in (b) or 10x in (c): the floors put both out of reach for
+    any queue on an fsync'd FileStorage."""
     floors = report.get("floors") or {}
     files = [floors.get("file_at_start"), floors.get("file_at_end")]
     zeos = [floors.get("zeo_at_start"), floors.get("zeo_at_end")]

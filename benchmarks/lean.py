@@ -1,4 +1,4 @@
-"""A lean durable ack queue on ZODB: a measuring stick for issue 5's targets, not a product.
+"""A lean durable ack queue on ZODB: a measuring stick for the targets, not a product.
 
 It does the least that a queue with durable puts and acks must do on a ZODB FileStorage
 (every commit fsync'd), with the same tricks ackqueue uses to be fast, and nothing else:
@@ -23,16 +23,16 @@ ackqueue's features.
 With counted=True it also keeps, in every commit, ackqueue's own ``Counters`` object
 (ackqueue.store: the queue's counts and the journal of its ready set, a second record per
 commit, which is what lets ackqueue reopen a queue without a scan and keep its counts exact
-after a crash): a floor for the layout of ackqueue's store formats 5 and 6 at the lean
-queue's Python (issue 28 point 1).  Since format 7 ackqueue keeps a one-at-a-time put or
-ack in that record alone (the message index's journal), so it writes one record where
-this writes two; batches write the same records as before.  A batch whose keys are one run goes to the journal as
-one run, as ackqueue's does.  Where ackqueue writes the ready set's segments (a full
+after a crash): the cost of that second record at the lean queue's Python.  ackqueue
+keeps a one-at-a-time put or ack in that record alone (the message index's journal), so
+it writes one record where this writes two; a batch writes its segments and the Counters
+in both.  A batch whose keys are one run goes to the journal as one run, as ackqueue's
+does.  Where ackqueue writes the ready set's segments (a full
 journal folded, a batch of more than JOURNAL_BATCH keys that is not one run) it writes
 nothing: it is, if anything, faster than that layout allows.
 
 With guarded=True it does, at the lean queue's Python, the least that ackqueue's
-guarantees add to each message in (a)-(d), and nothing else (issue 28 point 1: is 0.9x the
+guarantees add to each message in (a)-(d), and nothing else (the question it answers: is 0.9x the
 lean queue within reach of a queue that keeps them?):
 - each message is stored with what a get reports and expiry needs, as ackqueue's message
   index stores it (segments.Msg): (body, priority, put time, receive count 0, None, None,
@@ -97,7 +97,7 @@ class LeanZodbQueue:
     """put / get(timeout) / ack(handle) / put_many / ack_many over one FileStorage file."""
 
     def __init__(self, path, counted=False, guarded=False, synced=False):
-        if synced:      # on ackqueue's storage for durability="fsync" (issue 28 point 2)
+        if synced:      # on ackqueue's storage for durability="fsync"
             from ackqueue.filestorage import SyncedFileStorage
             storage = SyncedFileStorage(path)
         else:

@@ -1,5 +1,5 @@
-"""A lean durable ack queue shared through ZEO: the floor under issue 28 point 4, not a
-product.
+"""A lean durable ack queue shared through ZEO: the floor under ackqueue (zeo) in (g), not
+a product.
 
 It does the least that processes sharing a queue through a ZEO server must do for durable
 puts, exclusive deliveries and durable acks, with ZODB's own means and nothing else:
@@ -21,7 +21,7 @@ invalidations the server pushes; an object another process changed is loaded aga
 round trip, when it is next read.  A get that finds nothing ready polls every half
 millisecond (no round trip unless something changed).
 
-With fast=True it uses the two ways of saving round trips that issue 28 point 4 names:
+With fast=True it uses the two ways of saving round trips that ackqueue (zeo) offers:
 an ack does not commit on its own but rides on the process's next claim commit (it is
 durable when that commits, or when a get finds nothing and commits the waiting acks alone,
 or at close), and a claim takes up to PREFETCH ready messages at once while the process

@@ -1,4 +1,4 @@
-"""What one put, get and ack costs ackqueue itself, beside the lean ZODB queue (issue 28.1).
+"""What one put, get and ack costs ackqueue itself, beside the lean ZODB queue.
 
 For each of ackqueue (fsync), the lean queue (benchmarks/lean.py), the lean queue writing
 ackqueue's Counters in every commit (lean.py, counted=True) and ackqueue's floor

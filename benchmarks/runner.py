@@ -1,4 +1,4 @@
-"""Side-by-side benchmark of ackqueue against its peers (issue 5).
+"""Side-by-side benchmark of ackqueue against its peers.
 
 Run from the repository root:
 

@@ -1,5 +1,5 @@
-"""The storage's cost (issue 28 point 2): what one durable commit of a small record costs on
-this machine, for each way a queue could store it, measured in one run.
+"""The storage's cost: what one durable commit of a small record costs on this machine, for
+each way a queue could store it, measured in one run.
 
     python -m benchmarks.storage_floor [--out DIR] [--repeat 3] [--tmpdir DIR]
 
@@ -132,17 +132,16 @@ def file_storage(directory, per_cycle=2):
 
 
 def file_storage_watched(directory):
-    """FileStorage appended and fsync'd, as ackqueue's durability="fsync" committed before
-    issue 28.2, with ackqueue's commit path as it is now (the file-gone check, the
-    in-memory scratch written with one pwrite, the known tids): the row to compare the
-    synced one with, on equal commit paths."""
+    """FileStorage appended and fsync'd (no space written ahead), with ackqueue's commit
+    path (the file-gone check, the in-memory scratch written with one pwrite, the known
+    tids): the row to compare the synced one with, on equal commit paths."""
     from ackqueue.filestorage import WatchedFileStorage
     return Zodb(WatchedFileStorage(os.path.join(directory, "q.fs"), create=True))
 
 
 def file_storage_synced(directory):
-    """FileStorage as ackqueue's durability="fsync" opens it since issue 28.2: each commit
-    written into zeros written ahead of it, then fdatasync (storage.SyncedFileStorage)."""
+    """FileStorage as ackqueue's durability="fsync" opens it: each commit written
+    into zeros written ahead of it, then fdatasync (storage.SyncedFileStorage)."""
     from ackqueue.filestorage import open_file_storage
     return Zodb(open_file_storage(os.path.join(directory, "q.fs"), "fsync"))
 
@@ -204,7 +203,7 @@ MECHANISMS = [
      lambda d: SqliteWal(d, "NORMAL")),
     ("filestorage", "ZODB FileStorage, one-object commit", "durable", 2, file_storage),
     ("filestorage-watched", "ZODB FileStorage appended, fsync, with ackqueue's commit "
-     "path (appended as before 28.2)", "durable", 2, file_storage_watched),
+     "path (appended, no space written ahead)", "durable", 2, file_storage_watched),
     ("filestorage-synced", "ZODB FileStorage into space written ahead, fdatasync, with "
      "ackqueue's checks (ackqueue)", "durable", 2, file_storage_synced),
     ("filestorage-deferred", "ZODB FileStorage, ack riding on the next put (ackqueue, "

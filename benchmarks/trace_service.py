@@ -1,4 +1,4 @@
-"""Where a request's time goes inside `ackqueue serve` (issue 22 pt 9's profile).
+"""Where a request's time goes inside `ackqueue serve`: a profile of its path.
 
     python -m benchmarks.trace_service [--producers 4] [--consumers 4] [--count 2000]
                                        [--batch 1] [--durability fsync]

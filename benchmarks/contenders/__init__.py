@@ -24,19 +24,19 @@ def _contenders():
         persist_queue.CONTENDER,
         litequeue.CONTENDER,
         ackqueue.FSYNC,
-        ackqueue.DEFERRED,        # acks="deferred" (issue 28 point 3)
+        ackqueue.DEFERRED,        # acks="deferred": the ack rides on the next commit
         lean.CONTENDER,
-        lean.COUNTED,             # a floor: the lean queue writing Counters (issue 28.1)
-        lean.GUARDED,             # a floor: the lean queue keeping delivery records (28.1)
-        lean.SYNCED,              # the lean queue on ackqueue's synced storage (28.1, 28.2)
-        lean.GUARANTEES,          # a floor: both of the above and Counters, synced (28.1)
-        ackqueue_floor.CONTENDER,  # a floor: no ready/counter writes (issue 28.1)
+        lean.COUNTED,             # a floor: the lean queue writing Counters
+        lean.GUARDED,             # a floor: the lean queue keeping delivery records
+        lean.SYNCED,              # the lean queue on ackqueue's synced storage
+        lean.GUARANTEES,          # a floor: both of the above and Counters, synced
+        ackqueue_floor.CONTENDER,  # a floor: no ready/counter writes
         ackqueue.MEMORY,
-        ackqueue.OS,              # measured once AckQueue has durability= (issue 5)
+        ackqueue.OS,              # measured when AckQueue takes durability=
         zeo.CONTENDER,
-        zeo.CONTENDER_PREFETCH,   # issue 28 point 4: claims batched through ZEO
+        zeo.CONTENDER_PREFETCH,   # claims batched through ZEO
         ackqueue_remote.CONTENDER,
-        ackqueue_noexpiry.FSYNC,  # the expiry index's cost (issue 25.4), side by side
+        ackqueue_noexpiry.FSYNC,  # the expiry index's cost, side by side
         ackqueue_noexpiry.OS,
     ]
 
@@ -48,12 +48,12 @@ def _shared():
         ackqueue_remote.SHARED_ACK_WITH_GET,
         ackqueue_remote.SHARED_OS,        # (e) across processes: the floor without fsync
         zeo.SHARED,
-        zeo.SHARED_PREFETCH,      # issue 28 point 4: fewer round trips per item, (g) only
+        zeo.SHARED_PREFETCH,      # fewer round trips per item, (g) only
         zeo.SHARED_FAST,
         zeo.SHARED_NEXT_GET,
         zeo.SHARED_BATCHES,
         zeo.SHARED_BATCHES16,
-        lean_shared.SHARED,       # issue 28 point 4: the floor under it, (g) only
+        lean_shared.SHARED,       # the floor under it, (g) only
         lean_shared.SHARED_FAST,
         *persist_queue.shared_contenders(),
         *litequeue.shared_contenders(),
@@ -65,8 +65,8 @@ def _shared():
 
 # Diagnostic contenders, run only when named with --contender: each measures the cost of
 # one part of ackqueue beside it (the ready/counter writes, the expiry index) or the floor
-# under a target (the lean queue shared through ZEO, issue 28 point 4), not a library a
-# user would pick, and together they made a full run twice as long.
+# under a target (the lean queue shared through ZEO), not a library a user would pick,
+# and together they would make a full run twice as long.
 OPT_IN = ("ackqueue-floor", "lean-counted", "lean-guarded", "lean-synced", "lean-guarantees",
           "ackqueue-noexpiry", "ackqueue-os-noexpiry", "lean-zeo", "lean-zeo-fast")
 

@@ -131,7 +131,7 @@ class AckQueueScale(ScaleSupport):
 
 
 def has_durability_option():
-    """Whether AckQueue takes durability= (issue 5): then "ackqueue (os)" is measured."""
+    """Whether AckQueue takes durability=: then "ackqueue (os)" is measured."""
     try:
         from ackqueue import AckQueue
         params = inspect.signature(AckQueue.__init__).parameters
@@ -155,7 +155,7 @@ OS = Contender(
 
 
 def has_deferred_acks():
-    """Whether AckQueue takes acks= (issue 28 point 3)."""
+    """Whether AckQueue takes acks=: then "ackqueue (deferred acks)" is measured."""
     try:
         from ackqueue import AckQueue
         return "acks" in inspect.signature(AckQueue.__init__).parameters

@@ -1,21 +1,19 @@
 """A floor under ackqueue (fsync), not a product: the same code path with the work that
-a put or an ack commit does beside storing the message switched off (issue 28.1).
+a put or an ack commit does beside storing the message switched off.
 
-From store format 5 to 6 ackqueue's put and ack commits wrote two records where the
-lean queue writes one: the message's index segment (as the lean queue does) and the
-queue's Counters (sizes and lifetime totals, exact after a crash; the expiry order
-marker; the journal of the ready set, which lets a queue reopen without a scan; what
-processes sharing a server watch to wake getters).  This contender replaces the ready
-set's changes (KeySet.add/add_many/discard/discard_many), Counters.add and
-Counters.set_order with no-ops while it is open.  Before format 7 its commits then
-wrote the message segment alone, so the distance from it to ackqueue (fsync) was what
-that second record cost.  Since format 7 a put or an ack of one message keeps the
-message in the Counters (the message index's journal), so both write that one record,
-and the distance from this floor to ackqueue is the counters' and the ready set's work
-in Python; a batch writes its segments as before.  The distance from it to the lean
-queue is what is left of ackqueue's own Python (deliveries, deadlines, give-back on
-thread death, ...).  A file it wrote has no ready set and wrong counters: never reopen
-one.
+Beside the messages, ackqueue's store keeps the queue's Counters (sizes and lifetime
+totals, exact after a crash; the expiry order marker; the journal of the ready set, which
+lets a queue reopen without a scan; what processes sharing a server watch to wake
+getters).  This contender replaces the ready set's changes
+(KeySet.add/add_many/discard/discard_many), Counters.add and Counters.set_order with
+no-ops while it is open.  A put or an ack of one message keeps the message in the
+Counters (the message index's journal), so ackqueue and this floor both write that one
+record, and the distance from this floor to ackqueue (fsync) is the counters' and the
+ready set's work in Python.  A batch writes its message segments, and ackqueue the
+Counters beside them, so there the distance also holds that second record.  The
+distance from it to the lean queue is what is left of ackqueue's own Python (deliveries,
+deadlines, give-back on thread death, ...).  A file it wrote has no ready set and wrong
+counters: never reopen one.
 """
 from benchmarks.contenders.ackqueue import AckQueueAdapter
 from benchmarks.contenders.base import Contender

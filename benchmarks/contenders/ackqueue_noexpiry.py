@@ -1,11 +1,10 @@
-"""ackqueue without its expiry index (issue 25 point 4): the cost of the index, measured
-side by side with the same code writing it.
+"""ackqueue without its expiry index: the cost of the index, measured side by side with the
+same code writing it.
 
 The queue is opened as usual, then its record's index is taken away (one commit through
 the queue's own ZODB database, before anything is measured): the store then writes no
-index entries with puts and deletes, and the counts fall back to the lazy path (what
-ackqueue did before the index).  A benchmark-only seam: nothing in ackqueue turns the
-index off."""
+index entries with puts and deletes, and the counts fall back to the lazy path.  A
+benchmark-only seam: nothing in ackqueue turns the index off."""
 import transaction
 
 from benchmarks.contenders.ackqueue import AckQueueAdapter, has_durability_option

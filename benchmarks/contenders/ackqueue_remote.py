@@ -1,6 +1,6 @@
 """The remote drop-in: `ackqueue serve` on loopback, AckQueue(path="http://...") in every
-process (issue 23 point 8).  One put, one get (a long poll) and one ack request per item;
-the service group-commits every client's requests (fsync'd)."""
+process.  One put, one get (a long poll) and one ack request per item; the service
+group-commits every client's requests (fsync'd)."""
 from benchmarks.common import SHARED_QUEUE_NAME
 from benchmarks.contenders.ackqueue import AckQueueAdapter
 from benchmarks.contenders.base import Contender, SharedContender

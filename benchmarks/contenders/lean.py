@@ -64,8 +64,9 @@ CONTENDER = Contender(
 
 class LeanCountedAdapter(LeanZodbAdapter):
     """The lean queue with ackqueue's Counters written in every commit (lean.py,
-    counted=True): a floor for the layout of ackqueue's store formats 5 and 6, issue 28
-    point 1 (since format 7 a one-at-a-time put or ack writes one record)."""
+    counted=True): a floor for two records per commit at the lean queue's Python (ackqueue
+    writes the Counters beside a batch's segments; a put or an ack of one message writes
+    the Counters alone, one record)."""
 
     options = {"counted": True}
 
@@ -76,16 +77,16 @@ COUNTED = Contender(
     "lean-counted", LEAN_COUNTED, LeanCountedAdapter,
     "a floor, not a product: the lean ZODB queue that also writes ackqueue's Counters "
     "(counts and the ready set's journal, a second record) in every commit, as ackqueue's "
-    "store formats 5 and 6 did (since format 7 a put or an ack of one message writes the "
-    "Counters alone); every commit fsync'd",
+    "batches do (a put or an ack of one message writes the Counters alone); every commit "
+    "fsync'd",
     family="lean")
 
 
 class LeanGuardedAdapter(LeanZodbAdapter):
     """The lean queue doing the least that ackqueue's guarantees add per message (lean.py,
     guarded=True: each message stored with its put time, priority and expiry; each
-    delivery recorded by seq, by thread and by the item; acks by the item): issue 28
-    point 1, how close to the lean queue a queue that keeps them can come."""
+    delivery recorded by seq, by thread and by the item; acks by the item): how close
+    to the lean queue a queue that keeps them can come."""
 
     options = {"guarded": True}
 
@@ -103,7 +104,7 @@ GUARDED = Contender(
 class LeanSyncedAdapter(LeanZodbAdapter):
     """The lean queue on ackqueue's storage for durability="fsync" (lean.py, synced=True:
     storage.SyncedFileStorage, commits into zeros written ahead, fdatasync): ackqueue's
-    own cost (issue 28 point 1) measured on the same storage as ackqueue."""
+    own cost measured on the same storage as ackqueue."""
 
     options = {"synced": True}
 
@@ -121,7 +122,7 @@ class LeanGuaranteesAdapter(LeanZodbAdapter):
     (lean.py, guarded=True, counted=True, synced=True): each message stored as ackqueue's
     message index stores it, each delivery recorded by seq, by thread and by the item,
     ackqueue's Counters in every commit, each commit written and synced as ackqueue's.
-    Issue 28 point 1: what a queue that keeps ackqueue's per-message guarantees and counts
+    What a queue that keeps ackqueue's per-message guarantees and counts
     can do at the lean queue's Python, with one record per delivery, on the same storage
     as ackqueue (fsync): the floor under scenario (d)'s 0.9x target."""
 

@@ -1,5 +1,5 @@
 """The lean shared ZODB queue (benchmarks/lean_shared.py) through a ZEO server: the floor
-under issue 28 point 4 in (g), a reference, not a product."""
+under ackqueue's batched claims and riding acks in (g), a reference, not a product."""
 from benchmarks.contenders.base import SharedContender
 from benchmarks.contenders.lean import LeanDelegate
 from benchmarks.contenders.zeo import RoundTrips, start_server
@@ -40,13 +40,13 @@ SHARED = SharedContender(
     "benchmarks/lean_shared.py through the same kind of `ackqueue server`: the least a "
     "queue shared through ZEO does (a BTree of ready messages and one of messages in "
     "flight; a put, a claim and an ack are one commit each; no give-back, deadlines or "
-    "counts): a floor for issue 28 point 4, not a product",
+    "counts): a floor for ackqueue (zeo) in (g), not a product",
     start_server, _opener(), scenarios=("g",))
 
 SHARED_FAST = SharedContender(
     "lean-zeo-fast", "ZODB lean shared (zeo, prefetch 8, acks on the next claim)", "lean",
     "poll",
-    "as ZODB lean shared, with issue 28 point 4's two savings: an ack rides on the "
+    "as ZODB lean shared, with two savings of round trips: an ack rides on the "
     "process's next claim commit, and a claim takes up to 8 ready messages while the "
     "process keeps up",
     start_server, _opener(fast=True), scenarios=("g",))

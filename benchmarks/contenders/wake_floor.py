@@ -1,5 +1,6 @@
 """A floor for (e) across processes through a queue service: what a put in one process
-and a long poll in another allow with no queue at all (issue 23 point 5's 2 ms).
+and a long poll in another allow with no queue at all, beside the 2 ms asked of a
+wake-up through the service.
 
 The bare mechanism a service wake-up needs, and nothing else: a bare asyncio.Protocol
 HTTP/1.1 server (a child process) where ``POST /put`` hands its body to a writer thread

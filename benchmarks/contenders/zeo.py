@@ -98,7 +98,7 @@ def start_server(directory):
     return server.url, server
 
 
-# Shared queues (issue 3): every run starts its own `ackqueue server` on a fresh file.
+# Shared queues: every run starts its own `ackqueue server` on a fresh file.
 # One-item commits through ZEO run at a few hundred per second here, so this contender
 # gets smaller counts in (a)-(d) (ZEO_COUNTS; the table shows each contender's N).
 CONTENDER = Contender(
@@ -108,7 +108,7 @@ CONTENDER = Contender(
     "AckQueue(path='zeo://127.0.0.1:PORT'); put and ack return once the server has "
     "committed", family="ackqueue", counts=ZEO_COUNTS)
 
-# Issue 28 point 4 in one process: a consumer draining a backlog ((a)) claims up to 8
+# Batched claims in one process: a consumer draining a backlog ((a)) claims up to 8
 # messages per commit.
 CONTENDER_PREFETCH = Contender(
     "ackqueue-zeo-prefetch", "ackqueue (zeo, prefetch 8)",
@@ -198,7 +198,7 @@ SHARED = SharedContender(
     "blocks and is woken by the server's invalidations",
     start_server, _opener())
 
-# Issue 28 point 4: fewer round trips per item through ZEO, (g) only.
+# Fewer round trips per item through ZEO, (g) only.
 SHARED_PREFETCH = SharedContender(
     "ackqueue-zeo-prefetch", "ackqueue (zeo, prefetch 8)", "ackqueue", "blocking",
     "as ackqueue (zeo), with AckQueue(..., prefetch=8): while a consumer keeps up, one "

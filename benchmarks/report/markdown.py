@@ -10,8 +10,7 @@ from benchmarks.scenarios import ALL_KEYS, METRICS, SHARED_SCENARIOS, TABLE_COLU
 COUNT_KINDS = {"n": "N in (a)–(c)", "batch_n": "N in (d)", "samples": "samples in (e)"}
 
 TARGETS_INTRO = (
-    "Targets with durability equal to persist-queue's (issue 28's, and issue 5's "
-    "(e)): ackqueue (fsync), and "
+    "Targets with durability equal to persist-queue's: ackqueue (fsync), and "
     "ackqueue (zeo) across processes.  **Floor**: the bound that bare one-object "
     "ZODB commits, measured in this run with no ackqueue code "
     "(benchmarks/floors.py), put on the scenario (the most favourable of the "
@@ -22,10 +21,10 @@ TARGETS_INTRO = (
     "target does not show that a queue on ZODB can meet it.  The floor of the "
     "0.9× lean targets is the lean queue writing ackqueue's Counters (its counts and "
     "ready-set journal, a second record) in every commit, when it ran "
-    "(`--contender lean-counted`): what the layout of ackqueue's store formats 5 and 6 "
-    "allowed at the lean queue's Python.  Since format 7 a put or an ack of one message "
-    "writes the Counters alone, one record as the lean queue writes, so in (a)-(c) it "
-    "is a comparison, not a bound.  **Lean ZODB queue**: "
+    "(`--contender lean-counted`): what two records per commit allow at the lean "
+    "queue's Python.  ackqueue writes the Counters beside a batch's segments; a put or "
+    "an ack of one message writes the Counters alone, one record as the lean queue "
+    "writes, so in (a)-(c) it is a comparison, not a bound.  **Lean ZODB queue**: "
     f"what {LEAN} (benchmarks/lean.py: durable puts and acks with group commit "
     "and nothing else ackqueue promises) measured in the same scenario of this "
     "run.  Where even it misses the target, what stands in the way is ZODB "

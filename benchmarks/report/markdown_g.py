@@ -192,11 +192,11 @@ def _durable_floor(report, kind):
 
 
 def _targets(sc, report):
-    """Issue 23's target for (g): the remote drop-in at 2x persist-queue, beside the
+    """The target of (g): the remote drop-in at 2x persist-queue, beside the
     durable request floor of the same run."""
     f_fsync, f_zodb = _durable_floor(report, "fsync"), _durable_floor(report, "zodb")
     f_aio = _durable_floor(report, "aiohttp-zodb")
-    lines = ["### Issue 23's target: the remote drop-in at 2× persist-queue, fsync'd, "
+    lines = ["### Target: the remote drop-in at 2× persist-queue, fsync'd, "
              "0 duplicates", "",
              "The floor columns are the durable request floor of this run (the "
              "(service) section: a bare server answering each request once a group "
@@ -264,7 +264,7 @@ def _load_rows(var):
 
 
 def _round_trips(sc):
-    """Issue 28 point 4: round trips per item through ZEO, beside the service path."""
+    """Round trips per item through ZEO, beside the service path."""
     rows = [row for var in sc["variants"].values() for row in _round_trip_rows(var)]
     if not rows:
         return []
@@ -274,7 +274,7 @@ def _round_trips(sc):
                  "an object another process changed is read again, one round trip):", "",
                  "| variant | contender | processes | loads per item |",
                  "|---|---|---|---|"] + loads
-    lines = ["### Issue 28 point 4: round trips to the ZEO server per item", "",
+    lines = ["### Round trips to the ZEO server per item", "",
              "Counted in each process (calls that wait for the server's answer: a "
              "commit's vote and tpc_finish, loads the cache lacks, prefetches), summed "
              "over the producer and consumer processes of a run, divided by the items; "

@@ -1,4 +1,4 @@
-"""results.md's section of (service): the four parts, issue 22's targets and the floors."""
+"""results.md's section of (service): the four parts, its targets and the floors."""
 from benchmarks.common import REFERENCE
 from benchmarks.report.text import fmt
 
@@ -107,7 +107,7 @@ def _durable_table(durable, c):
 
 SAYS = {True: "yes", False: "**no**", None: "—"}
 TARGETS_HEAD = [
-    "", "### Issue 22's targets (fsync'd commits), and the floor under each", "",
+    "", "### The service's targets (fsync'd commits), and the floor under each", "",
     "The floor bound is what the request rate alone allows, with no storage "
     "work: one message at a time costs 2 requests per message (a put, and a "
     "receive carrying the previous ack), a batch of 10 costs 2 requests per 10 "
@@ -140,7 +140,7 @@ def _or_dash(v):
 
 
 def _targets_table(parts, c, zeo, ref, svc):
-    """Issue 22's targets, what was measured, and the bound each floor puts on it."""
+    """The service's targets, what was measured, and the bound each floor puts on it."""
     batch, polls, floor = (parts.get(k, {}) for k in ("batch", "polls", "floor"))
     durable = parts.get("durable", {})
     f_app, f_bare = _m(floor.get("service"), "rps"), _m(floor.get("aiohttp"), "rps")
@@ -183,12 +183,12 @@ def process_tables(sc):
 
 
 def targets_table(sc):
-    """Issue 22's targets beside the measured rates and the floors' bounds."""
+    """The service's targets beside the measured rates and the floors' bounds."""
     return _targets_table(sc["parts"], sc["counts"], *_headline(sc["parts"]))
 
 
 def markdown_service(sc, report=None):
-    """The section of (service): its four parts' tables, then issue 22's targets."""
+    """The section of (service): its four parts' tables, then its targets."""
     parts, c = sc["parts"], sc["counts"]
     lines = [sc["description"], ""] + process_tables(sc)
     lines += _polls_table(parts.get("polls", {}), c)

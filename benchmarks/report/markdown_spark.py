@@ -1,4 +1,4 @@
-"""results.md's section of (spark): messages/s per batch size, issue 24's target, floors."""
+"""results.md's section of (spark): messages/s per batch size, its target, floors."""
 
 SOURCE, FILE = "ackqueue source", "JSON file source"
 

@@ -1,4 +1,4 @@
-"""(service) The queue service (issue 22 point 9), in one run:
+"""(service) The queue service, in one run:
 
 1. one at a time: 2 producer + 2 consumer processes, an ack per item, through
    `ackqueue serve` (native API, the ack riding on the next receive), beside ackqueue's

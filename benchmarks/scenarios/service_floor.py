@@ -1,10 +1,10 @@
 """(service) The durable request floor: what a bare server allows when every request must
 be durable before it is answered, with the clients of the service scenario.
 
-Issue 22's one-at-a-time and batch targets (and issue 23's (g)) ask for a rate of durable
-requests: a put, or a receive carrying the previous ack, is answered only once its commit
-is on disk.  The request floor (a bare server answering GETs) says what HTTP alone allows;
-this says what HTTP plus the durable write allows, with no queue at all:
+The service's one-at-a-time and batch targets (and the remote drop-in's in (g)) ask for a
+rate of durable requests: a put, or a receive carrying the previous ack, is answered only
+once its commit is on disk.  The request floor (a bare server answering GETs) says what
+HTTP alone allows; this says what HTTP plus the durable write allows, with no queue at all:
 
 - ``fsync``: a bare asyncio.Protocol HTTP/1.1 server; every POST's body is appended to a
   file by one writer thread, which writes and fsyncs whatever gathered meanwhile as one

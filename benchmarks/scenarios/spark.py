@@ -1,4 +1,4 @@
-"""(spark) The Spark source and sink (issue 24 point 6), on local[2], in one run:
+"""(spark) The Spark source and sink, on local[2], in one run:
 
 For micro-batches of 1,000 and 10,000 messages, messages/s through
 - Spark's built-in ``rate-micro-batch`` source (rows made in the JVM) into the noop sink;
@@ -15,7 +15,7 @@ under the sink, the service's row-put path alone (1,000 rows a request with dedu
 
 Each rate is rows over the summed ``triggerExecution`` time of the micro-batches that had
 rows (Spark's own progress reports), so the query's start-up is left out alike for all.
-Target (issue 24): the queue source within 2x of the file source per message.
+Target: the queue source within 2x of the file source per message.
 """
 import json
 import os

@@ -1,4 +1,4 @@
-"""(sqs) The SQS protocol (issue 27 point 7): boto3 clients against ``ackqueue serve``
+"""(sqs) The SQS protocol: boto3 clients against ``ackqueue serve``
 (fsync'd commits) and against moto's server, in one run: 2 producer + 2 consumer
 processes, one message at a time (send, receive, delete) and in batches of 10
 (SendMessageBatch, ReceiveMessage with MaxNumberOfMessages=10, DeleteMessageBatch).
