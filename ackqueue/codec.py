@@ -72,11 +72,11 @@ def check_admitted(queue_codec, bodies, name=None):
     """Raise EncodingRefused for the first of the stored bodies whose encoding a queue
     with codec queue_codec does not admit (see admits); name: the queue's, for the
     message."""
-    if queue_codec == PICKLE:
+    if queue_codec == PICKLE:           # admits every encoding: no body to look at
         return
     for index, body in enumerate(bodies):
         encoding = kind(body)
-        if encoding != queue_codec:
+        if not admits(queue_codec, encoding):
             raise refusal(queue_codec, encoding, name, index)
 
 

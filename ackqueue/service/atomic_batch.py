@@ -228,9 +228,9 @@ def _check_encodings(queues, puts):
     for i, p in enumerate(puts):
         queue_codec, what = queues[p.queue].codec, codec.kind(p.body)
         if not codec.admits(queue_codec, what):
-            raise _bad(f"puts[{i}]", f"queue {p.queue!r} has codec {queue_codec!r} and takes "
-                                     f"{queue_codec} bodies only, not {what}; nothing in "
-                                     "this batch was done", "UnsupportedEncoding", 415)
+            refused = codec.refusal(queue_codec, what, p.queue)
+            raise _bad(f"puts[{i}]", f"{refused}; nothing in this batch was done",
+                       "UnsupportedEncoding", 415)
 
 
 # -- the handler --------------------------------------------------------------------------
