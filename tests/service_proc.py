@@ -1,6 +1,8 @@
 """The queue service (``ackqueue serve``) as a real child process, for the remote drop-in's
 tests: started on a free loopback port (--port 0, read back from the line it prints), and
 restarted on that same port, so a client's URL stays valid across a restart."""
+import json
+import pathlib
 import re
 import select
 import signal
@@ -51,3 +53,12 @@ class Service:
 
     def kill(self):
         return self.stop(signal.SIGKILL)
+
+
+def serve_with_clients(directory, clients, *extra):
+    """A started Service on directory/q.fs under ``--auth``, its auth file (directory/
+    auth.json) naming clients: {name: {"secret": ..., "rights": {pattern: [rights]}}}."""
+    directory = pathlib.Path(directory)
+    auth = directory / "auth.json"
+    auth.write_text(json.dumps({"clients": clients}))
+    return Service(directory / "q.fs", directory / "service.log", "--auth", str(auth), *extra)

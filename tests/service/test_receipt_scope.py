@@ -14,7 +14,7 @@ pytest.importorskip("boto3")
 
 from botocore.exceptions import ClientError            # noqa: E402
 
-from service_proc import Service                       # noqa: E402
+from service_proc import Service, serve_with_clients  # noqa: E402
 from sqs_helpers import client                         # noqa: E402
 
 OWNER = "owner-secret-0123456789"
@@ -23,12 +23,9 @@ INTRUDER = "intruder-secret-9876543210"
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    d = tmp_path_factory.mktemp("receipts")
-    auth = d / "auth.json"
-    auth.write_text(json.dumps({"clients": {
+    s = serve_with_clients(tmp_path_factory.mktemp("receipts"), {
         "owner": {"secret": OWNER, "rights": {"jobs*": ["read", "write"]}},
-        "intruder": {"secret": INTRUDER, "rights": {"secret*": ["read", "write"]}}}}))
-    s = Service(d / "q.fs", d / "service.log", "--auth", str(auth))
+        "intruder": {"secret": INTRUDER, "rights": {"secret*": ["read", "write"]}}})
     yield s
     assert s.stop() == 0
 

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from service_proc import Service                                # noqa: E402
+from service_proc import Service, serve_with_clients  # noqa: E402
 from zeo_server import console_script                           # noqa: E402
 
 DEEP = b"[" * 100000
@@ -142,10 +142,8 @@ def test_deeply_nested_json_inside_sqs_parameters(served):
 
 
 def test_deeply_nested_json_through_the_auth_middleware(tmp_path):
-    auth = tmp_path / "auth.json"
-    auth.write_text(json.dumps({"clients": {"root": {
-        "secret": "root-secret-0123456789", "rights": {"*": ["admin"]}}}}))
-    s = Service(tmp_path / "q.fs", tmp_path / "service.log", "--auth", str(auth))
+    s = serve_with_clients(tmp_path, {"root": {
+        "secret": "root-secret-0123456789", "rights": {"*": ["admin"]}}})
     try:
         token = {"Authorization": "Bearer root-secret-0123456789", **J}
         for path in ("/send", "/send_batch", "/receive", "/v1/batch"):   # it reads them
@@ -352,10 +350,8 @@ def test_under_auth_a_queue_name_of_the_wrong_type_is_400(tmp_path):
     boto3 = pytest.importorskip("boto3")
     from botocore.config import Config
     from botocore.exceptions import ClientError
-    auth = tmp_path / "auth.json"
-    auth.write_text(json.dumps({"clients": {"AKIAROOT": {
-        "secret": "root-secret-0123456789", "rights": {"*": ["admin"]}}}}))
-    s = Service(tmp_path / "q.fs", tmp_path / "service.log", "--auth", str(auth))
+    s = serve_with_clients(tmp_path, {"AKIAROOT": {
+        "secret": "root-secret-0123456789", "rights": {"*": ["admin"]}}})
     try:
         # signed by botocore, its own checks of the parameters' types turned off
         c = boto3.client("sqs", endpoint_url=s.url, region_name="us-east-1",

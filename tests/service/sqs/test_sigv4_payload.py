@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("aiohttp")
 pytest.importorskip("boto3")
 
-from service_proc import Service                       # noqa: E402
+from service_proc import serve_with_clients            # noqa: E402
 from sqs_helpers import client                         # noqa: E402
 
 SECRET = "writer-secret-0123456789"
@@ -22,12 +22,9 @@ ADMIN = "admin-secret-9876543210"
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    d = tmp_path_factory.mktemp("sigv4")
-    auth = d / "auth.json"
-    auth.write_text(json.dumps({"clients": {
+    s = serve_with_clients(tmp_path_factory.mktemp("sigv4"), {
         "AKIAWRITER": {"secret": SECRET, "rights": {"jobs*": ["read", "write"]}},
-        "AKIAADMIN": {"secret": ADMIN, "rights": {"*": ["admin"]}}}}))
-    s = Service(d / "q.fs", d / "service.log", "--auth", str(auth))
+        "AKIAADMIN": {"secret": ADMIN, "rights": {"*": ["admin"]}}})
     yield s
     assert s.stop() == 0
 

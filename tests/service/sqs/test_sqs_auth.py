@@ -2,7 +2,6 @@
 own signer (the client's name is the access key id, its secret the secret key); the
 service verifies the signature itself.  A real service from the console script."""
 import datetime
-import json
 
 import pytest
 
@@ -12,7 +11,7 @@ pytest.importorskip("boto3")
 import botocore.auth                                   # noqa: E402
 from botocore.exceptions import ClientError            # noqa: E402
 
-from service_proc import Service                       # noqa: E402
+from service_proc import serve_with_clients            # noqa: E402
 from sqs_helpers import client                         # noqa: E402
 
 ALICE = "alice-secret-0123456789"
@@ -21,13 +20,10 @@ ADMIN = "admin-secret-9876543210"
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    d = tmp_path_factory.mktemp("sqsauth")
-    auth = d / "auth.json"
-    auth.write_text(json.dumps({"clients": {
+    s = serve_with_clients(tmp_path_factory.mktemp("sqsauth"), {
         "AKIAALICE": {"secret": ALICE, "rights": {"jobs*": ["read", "write"]}},
         "AKIAADMIN": {"secret": ADMIN, "rights": {"*": ["admin"]}},
-        "hashed": {"secret_sha256": "0" * 64, "rights": {"*": ["admin"]}}}}))
-    s = Service(d / "q.fs", d / "service.log", "--auth", str(auth))
+        "hashed": {"secret_sha256": "0" * 64, "rights": {"*": ["admin"]}}})
     yield s
     assert s.stop() == 0
 
