@@ -19,7 +19,7 @@ from aiohttp import web
 
 from ackqueue import codec, store
 from ackqueue.errors import DuplicateMessage, NotHeld, StaleAck
-from ackqueue.frames import FRAMES, decode_frames, encode_frames
+from ackqueue.frames import FRAMES, encode_frames
 
 from . import encodings, params, runtime
 from .errors import ApiError
@@ -107,10 +107,7 @@ class Native:
         opts = params.put_options(request)
         dedup_id, idempotent = params.dedup(request)
         data = await request.read()
-        try:
-            bodies = decode_frames(data)
-        except ValueError as exc:
-            raise ApiError(400, "InvalidRequest", f"bad framing: {exc}") from None
+        bodies = params.frames(data)
         if not bodies:
             raise ApiError(400, "ValidationError", "a batch has 1 or more messages")
         if len(bodies) > MAX_BATCH:

@@ -17,7 +17,7 @@ from .errors import ApiError
 
 __all__ = ["MAX_BATCH", "MAX_RECEIVE", "MAX_WAIT", "number", "queue_name", "client",
            "path_client", "put_options", "dead_letter_options", "dedup", "encoding",
-           "marked", "receipts", "batch_document", "batch_queues"]
+           "marked", "receipts", "frames", "batch_document", "batch_queues"]
 
 MAX_BATCH = 1000            # messages of a batch put, receipts of one ack
 MAX_RECEIVE = 100           # messages of one receive
@@ -199,15 +199,21 @@ def _body_receipts(data):
     return more
 
 
+def frames(data):
+    """The parts of a framed body (ackqueue.frames); 400 InvalidRequest when its framing
+    is bad."""
+    try:
+        return decode_frames(data)
+    except ValueError as exc:
+        raise ApiError(400, "InvalidRequest", f"bad framing: {exc}") from None
+
+
 def batch_document(data, content_type):
     """(document, bodies or None) of an atomic batch's body (POST /v1/batch), JSON or
     frames; ApiError for a body that is neither, or names unknown fields."""
     bodies = None
     if content_type == FRAMES:
-        try:
-            parts = decode_frames(data)
-        except ValueError as exc:
-            raise ApiError(400, "InvalidRequest", f"bad framing: {exc}") from None
+        parts = frames(data)
         if not parts:
             raise ApiError(400, "InvalidRequest", "frames: the JSON document comes first")
         data, bodies = parts[0], parts[1:]
