@@ -151,6 +151,7 @@ class RemoteConnection(ThreadBound):
     """One thread's handle on a remote queue: the front's proxy (see QueueConnection)."""
 
     thread_bound = True
+    shuffles = False              # get(shuffle=True): the service delivers in queue order
 
     def __init__(self, front, state, thread_bound=True):
         self._front = front
@@ -210,6 +211,11 @@ class RemoteConnection(ThreadBound):
         bodies = [body for _, body in pairs]
         if self._block is not None:
             return self._block.put(bodies, opts, dedup_ids)
+        return self._send_put(bodies, opts, dedup_ids)
+
+    def _send_put(self, bodies, opts, dedup_ids):
+        """The put request of stored bodies; their MessageIds (None: a retried put with a
+        dedup id, which its cut-off first attempt stored)."""
         query, headers = _put_options(opts, dedup_ids[0])
         path, data = _put_request(bodies, query, headers)
         url = self._path(path) + ("?" + "&".join(query) if query else "")
@@ -300,7 +306,7 @@ class RemoteConnection(ThreadBound):
     def _receive(self, block, timeout, visibility_timeout, shuffle=False, policy=None,
                  n=1, raw=False):
         self._check_thread()
-        if shuffle:
+        if shuffle and not self.shuffles:
             raise unsupported("get(shuffle=True)", "the service delivers in queue order")
         timeout = check_wait(block, timeout)
         if visibility_timeout is _DEFAULT or visibility_timeout is ...:
@@ -319,12 +325,8 @@ class RemoteConnection(ThreadBound):
                 wait = LONG_POLL_SLICE
                 if end is not None:
                     wait = max(0.0, min(wait, end - time.monotonic()))
-            query = _receive_query(n, wait, visibility_timeout, policy)
             with self._lock:
                 acks, self._pending, self._pending_since = self._pending, [], None
-            if acks:
-                query.append("ack=" + ",".join(acks))
-            url = self._path("/receive?" + "&".join(query))
             h = self.database.http()
             with state.polls_lock:
                 state.polls[threading.get_ident()] = h
@@ -333,8 +335,7 @@ class RemoteConnection(ThreadBound):
                     if acks:
                         self._ack_now(acks)
                     continue
-                status, doc, _ = self.database.call("POST", url, headers={"Accept": FRAMES},
-                                               read_timeout=wait + self.database.target.wait_timeout)
+                pairs = self._poll(n, wait, visibility_timeout, policy, shuffle, acks)
             except Interrupted:
                 if acks:
                     self._ack_now(acks)
@@ -342,19 +343,39 @@ class RemoteConnection(ThreadBound):
             finally:
                 with state.polls_lock:
                     state.polls.pop(threading.get_ident(), None)
-            if status in (409, 410) and acks:
+            if pairs is None:
                 # A deferred ack was stale: the receive was not made; settle the acks
                 # one by one (a stale one is logged: its item is delivered again).
                 self._ack_now(acks)
                 continue
-            raise_for(status, doc)
-            got = self._hand_out(doc, raw)
+            got = self._hand_out(pairs, raw)
             if got:
                 return got
             if front.is_shutdown:
                 raise ShutDown
             if not block or (end is not None and time.monotonic() >= end):
                 raise _stdlib_queue.Empty
+
+    def _poll(self, n, wait, visibility_timeout, policy, shuffle, acks):
+        """One receive request, waiting up to wait seconds, with the deferred acks acks
+        riding on it: [(metadata, stored body)] (none: nothing came), or None when one of
+        acks was stale and the receive was not made."""
+        query = _receive_query(n, wait, visibility_timeout, policy)
+        if acks:
+            query.append("ack=" + ",".join(acks))
+        url = self._path("/receive?" + "&".join(query))
+        status, doc, _ = self.database.call("POST", url, headers={"Accept": FRAMES},
+                                            read_timeout=wait + self.database.target.wait_timeout)
+        if status in (409, 410) and acks:
+            return None
+        raise_for(status, doc)
+        if isinstance(doc, dict):          # a JSON answer (a service without frames)
+            pairs = [(m, base64.b64decode(m["body"])) for m in doc.get("messages", ())]
+        else:
+            parts = decode_frames(doc)
+            pairs = [(json.loads(parts[i]), parts[i + 1]) for i in range(0, len(parts), 2)]
+        return [(meta, _restore(meta.get("encoding"), bytes(payload)))
+                for meta, payload in pairs]
 
     def _decode(self, body):
         """The item of a received body: a pickle only in a queue whose codec is "pickle"
@@ -363,15 +384,9 @@ class RemoteConnection(ThreadBound):
             return codec.decode(body)
         return codec.decode(body, self._front.allowed_classes, self.state.codec)
 
-    def _hand_out(self, data, raw):
-        if isinstance(data, dict):         # a JSON answer (a service without frames)
-            pairs = [(m, base64.b64decode(m["body"])) for m in data.get("messages", ())]
-        else:
-            parts = decode_frames(data)
-            pairs = [(json.loads(parts[i]), parts[i + 1]) for i in range(0, len(parts), 2)]
+    def _hand_out(self, pairs, raw):
         got, unreadable = [], None
-        for meta, payload in pairs:
-            body = _restore(meta.get("encoding"), bytes(payload))
+        for meta, body in pairs:
             try:
                 item = body if raw else self._decode(body)
             except Exception as exc:
@@ -392,21 +407,13 @@ class RemoteConnection(ThreadBound):
         """The Message the next get() would receive (highest priority, then oldest ready),
         read with the service's browse pages; None if none is ready."""
         self._check_thread()
-        after, best = -1, None
-        while True:
-            status, doc, _ = self.database.call(
-                "GET", self._path(f"/browse?after={after}&limit=1000"))
-            raise_for(status, doc)
-            for m in doc["messages"]:
-                if m["state"] == "ready" and (best is None or (-m["priority"], m["id"]) <
-                                              (-best["priority"], best["id"])):
-                    best = m
-            if doc.get("next_after") is None:
-                break
-            after = doc["next_after"]
+        best = body = None
+        for m, stored in self.state.browse_rows():
+            if m["state"] == "ready" and (best is None or (-m["priority"], m["id"]) <
+                                          (-best["priority"], best["id"])):
+                best, body = m, stored
         if best is None:
             return None
-        body = _restore(best["encoding"], base64.b64decode(best["body"]))
         return Message(MessageId(best["id"]), self._decode(body),
                        best["receive_count"], best["sent_at"], None, best["priority"],
                        self.state.name, dict(best.get("attributes") or {}), None, None,
@@ -549,17 +556,20 @@ class RemoteConnection(ThreadBound):
             raise not_in_block("change_visibility()")
         self.state.acknowledging = True
         seconds = max(-1e9, min(float(seconds), 43200.0))
-        status, doc, _ = self.database.call(
-            "POST", self._path(f"/visibility?receipt={h.receipt}"
-                               f"&visibility_timeout={seconds!r}"))
         try:
-            raise_for(status, doc)
+            self._send_visibility(h.receipt, seconds)
         except StaleAck:
             h.holder.forget(h)
             raise
         if seconds <= 0:
             h.released = "given back by change_visibility()"
             h.holder.forget(h)
+
+    def _send_visibility(self, receipt, seconds):
+        status, doc, _ = self.database.call(
+            "POST", self._path(f"/visibility?receipt={receipt}"
+                               f"&visibility_timeout={seconds!r}"))
+        raise_for(status, doc)
 
     def give_back_all(self, why):
         held = list(self.holdings.values())
@@ -591,6 +601,9 @@ class RemoteConnection(ThreadBound):
     def redrive(self, to=None):
         """POST /v1/queues/NAME/redrive[?to=]: the service moves the ready dead letters."""
         self._check_thread()
+        return self._send_redrive(to)
+
+    def _send_redrive(self, to):
         what = "/redrive" + ("" if to is None else "?to=" + urllib.parse.quote(to, safe=""))
         status, doc, _ = self.database.call("POST", self._path(what))
         raise_for(status, doc)

@@ -117,9 +117,10 @@ class RemoteDatabase:
         self.lease_timeout = None
         self._pid = os.getpid()
         self._renew()                           # reachable now, or ServerUnavailable
-        self._start()
+        self.start()
 
-    def _start(self):
+    def start(self):
+        """Start the background thread (at open, and in a forked child)."""
         self._pid = os.getpid()
         self._key = (self._pid, self.target.netloc)
         with _open_lock:
@@ -146,7 +147,7 @@ class RemoteDatabase:
                     conn.by_item.clear()
                     conn._pending = []
             self._pid = os.getpid()
-        self._start()
+        self.start()
 
     # -- what the front asks of a database ---------------------------------------------
 
@@ -286,13 +287,16 @@ class RemoteDatabase:
             else:
                 _open_count.pop(self._key, None)
         if not left and self._key[0] == os.getpid():
-            try:      # nothing of this process is held any more: end the lease now
-                self.call("DELETE", f"/v1/leases/{self.client}")
-            except AckQueueError:
-                pass
+            self._end_lease()       # nothing of this process is held any more
         with self._https_lock:
             for h in list(self._https):
                 h.close()
+
+    def _end_lease(self):
+        try:
+            self.call("DELETE", f"/v1/leases/{self.client}")
+        except AckQueueError:
+            pass
 
 
 class _PollingCondition(threading.Condition):
@@ -414,20 +418,25 @@ class RemoteState:
         keep their encoding mark (ackqueue.codec)."""
         from ..browse import BrowsedMessage
         from ..message import MessageId
-        after = -1 if after is None else after
         queue_codec = self.codec
+        for m, body in self.browse_rows(after):
+            yield BrowsedMessage(
+                MessageId(m["id"]), m["state"], body, m["priority"], m["receive_count"],
+                m["sent_at"], m["age"], self.name, m.get("attributes") or {},
+                visible_at=m.get("visible_at"), deadline=m.get("deadline"),
+                expires_at=m.get("expires_at"), allowed_classes=allowed,
+                codec=queue_codec)
+
+    def browse_rows(self, after=None):
+        """(metadata, stored body) of every message with an id above after (None: all),
+        page by page, in id order."""
+        after = -1 if after is None else after
         while True:
             status, doc, _ = self.database.call(
                 "GET", self.database.queue_path(self.name, f"/browse?after={after}&limit=1000"))
             raise_for(status, doc)
             for m in doc["messages"]:
-                body = codec.mark(m.get("encoding", codec.BYTES), base64.b64decode(m["body"]))
-                yield BrowsedMessage(
-                    MessageId(m["id"]), m["state"], body, m["priority"], m["receive_count"],
-                    m["sent_at"], m["age"], self.name, m.get("attributes") or {},
-                    visible_at=m.get("visible_at"), deadline=m.get("deadline"),
-                    expires_at=m.get("expires_at"), allowed_classes=allowed,
-                    codec=queue_codec)
+                yield m, codec.mark(m.get("encoding", codec.BYTES), base64.b64decode(m["body"]))
             if doc.get("next_after") is None:
                 return
             after = doc["next_after"]
