@@ -84,6 +84,8 @@ class Database:
         self.last_put_at = None       # monotonic time of this process's latest put (shared)
         self.pack_lock = threading.Lock()   # one pack at a time (ackqueue.maintenance)
         self.autopacker = None
+        self.owner = None             # a file's: serves it to other processes (ackqueue.owner)
+        self.inherited = False        # a forked child's copy: the parent's, never touched
         if not exclusive:
             try:
                 self.lease = LeaseKeeper(self, lease_timeout)
@@ -203,15 +205,28 @@ class Database:
         """Give back one reference (open_database's caller calls it once); the last one
         closes the handle: its queues' states, the lease, the committer and, if this
         handle opened it, the DB (which writes a file's .index)."""
+        if self.inherited:              # the parent's storage: closing it is the parent's
+            return
         with self.lock:
             self.refs -= 1
-            if self.refs > 0 or self.closed:
-                return
-            self.closed = True
-            states = list(self.states.values())
+            owner = self.owner
+            # Only the owner's service still uses the file: stop it, and its own releases
+            # close the handle.
+            serving_only = (owner is not None and not owner.stopping
+                            and 0 < self.refs <= owner.references())
+            if not serving_only:
+                if self.refs > 0 or self.closed:
+                    return
+                self.closed = True
+                states = list(self.states.values())
+        if serving_only:
+            owner.stop()
+            return
         with _registry_lock:
             if _registry.get(self.key) is self:
                 del _registry[self.key]
+        if owner is not None:
+            owner.stop()                # no client is served past this point
         if self.autopacker is not None:
             self.autopacker.stop()      # finishes a pack in progress
         with self.pack_lock:            # and waits for a manual one (pack() checks closed)
@@ -238,10 +253,13 @@ def _open_file(path, durability="fsync", repair=False):
         raise
 
 
-def open_database(path=None, db=None, durability=None, repair=False):
+def open_database(path=None, db=None, durability=None, repair=False, *, share=None):
     """The shared Database handle for path (a file), db (an application's ZODB.DB), or a new
     in-memory database when both are None.  The caller must call release() once.
-    durability ("fsync", the default, or "os") applies to files this opens."""
+    durability ("fsync", the default, or "os") applies to files this opens.  share: None,
+    or what serves a file this opens to the other processes that open it (the front's
+    opener, queue.FileServing; see ackqueue.shared.owner): an application's queue file is
+    shared so, while a server (ackqueue serve, ackqueue server) shares it its own way."""
     if path is not None and db is not None:
         raise TypeError("pass either path= or db=, not both")
     if durability is not None:
@@ -261,7 +279,7 @@ def open_database(path=None, db=None, durability=None, repair=False):
     path = os.fspath(path)
     if path.startswith("zeo://"):
         return _server_database(path)
-    return _file_database(os.path.realpath(path), durability, repair)
+    return _file_database(os.path.realpath(path), durability, repair, share)
 
 
 def _app_database(db):
@@ -318,7 +336,7 @@ def _server_database(url):
     return _shared_handle(key, make)
 
 
-def _file_database(path, durability, repair=False):
+def _file_database(path, durability, repair=False, share=None):
     key = ("file", path)
 
     def make():
@@ -331,6 +349,8 @@ def _file_database(path, durability, repair=False):
         handle = Database(db, key=key, owned=True, exclusive=True,
                           description=f"file {path!r}")
         handle.durability = durability or "fsync"
+        if share is not None:
+            _serve_others(handle, path, share)
         return handle
     handle = _shared_handle(key, make)
     if durability is not None and handle.durability != durability:
@@ -338,6 +358,21 @@ def _file_database(path, durability, repair=False):
         raise ValueError(f"queue file {path!r} is already open in this process with "
                          f"durability={handle.durability!r}")
     return handle
+
+
+def _serve_others(handle, path, serving):
+    """Let the other processes that open path reach its queues through this process (see
+    ackqueue.shared.owner), where this platform can."""
+    from .shared import files
+    from .shared.owner import Owner
+    if not files.available():
+        return
+    try:
+        handle.owner = Owner(handle, path, serving)
+    except OSError as exc:            # a socket cannot be made there: the file stays ours
+        log.warning("ackqueue: queue file %r cannot be shared with other processes (its "
+                    "socket %r: %s); they get QueueLocked", path, files.socket_path(path),
+                    exc.strerror or exc)
 
 
 def check_format(db, where=None):
@@ -367,6 +402,24 @@ def _shared_handle(key, make):
         with handle.lock:
             handle.refs += 1
     return handle
+
+
+def _forked():
+    """In a forked child: every handle open in the parent is the parent's.  The child
+    must never write through the parent's file handles, nor close them (closing writes a
+    file's .index), and their committer threads did not survive the fork: the child's
+    queues reopen their files as clients of the parent (AckQueue._after_fork), and the
+    child's own opens make new handles."""
+    global _registry_lock
+    _registry_lock = threading.Lock()   # another thread of the parent may have held it
+    for handle in _registry.values():
+        handle.inherited = True
+        handle.lock = threading.Lock()
+    _registry.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 @atexit.register

@@ -690,6 +690,11 @@ def _check_regular(path):
 def _locked_error(path):
     held = f"queue file {path!r} is already open in another process{pid_note(path)}"
     url = lock_holder(path)[1]
+    if url is not None and url.startswith("unix://"):
+        return QueueLocked(
+            f"{held}, which shares it with the processes that open the same path: "
+            f"AckQueue(path={path!r}, name=...) and the ackqueue commands reach its queues "
+            f"through that process (at {url}); repair needs the file closed")
     if url is not None and url.startswith("zeo://"):
         return QueueLocked(
             f"{held}: a queue server (ZEO) serves it at {url}. Open its queues there, as "

@@ -33,10 +33,12 @@ from . import deferred, store
 from .connection import check_visibility
 from .codec import allowed_set, check_codec
 from .database import open_database
-from .errors import CodecMismatch, NotHeld, QueueKindMismatch
+from .errors import CodecMismatch, NotHeld, QueueKindMismatch, QueueLocked, ServerUnavailable
 from .interfaces import IQueueFront
 from .message import Message
 from .remote.database import RemoteDatabase, check_ack_with_next_get, is_url
+from .shared import files, holding
+from .shared.client import SharedDatabase
 from .state import DeadLetterPolicy, PutOptions
 
 __all__ = ["AckQueue", "AckLifoQueue", "AckPriorityQueue", "queues"]
@@ -193,6 +195,24 @@ def _max_receives(value):
 _released = operator.attrgetter("released")     # why a delivery ended (None: it is live)
 
 
+class FileServing:
+    """What the owner of a queue file (ackqueue.shared.owner) serves its clients with:
+    fronts on the file in this process, of the class each queue is (``front``), and the
+    file's queues (``list_queues``).  Made by the front that opens the file, so that the
+    owner, below the front, never imports it."""
+
+    def __init__(self, path, durability):
+        self.path = path
+        self.durability = durability
+
+    def front(self, name, kind=None):
+        cls = {store.LIFO: AckLifoQueue, store.VALUE: AckPriorityQueue}.get(kind, AckQueue)
+        return cls(path=self.path, name=name, durability=self.durability)
+
+    def list_queues(self):
+        return queues(self.path)
+
+
 @implementer(IQueueFront)
 class AckQueue(_stdlib_queue.Queue):
     """A persistent, acknowledging FIFO queue with queue.Queue's interface.
@@ -280,6 +300,9 @@ class AckQueue(_stdlib_queue.Queue):
                  dedup_window=store.DEFAULT_DEDUP_WINDOW, autopack=None, max_item_size=None,
                  repair=False, codec=None, allowed_classes=None, ack_with_next_get=False,
                  acks=None, prefetch=1, prefetch_wait=0.0):
+        # What a pickled queue reopens with (__reduce__): every argument but the storage.
+        self._reopen_args = {k: v for k, v in locals().items()
+                             if k not in ("self", "__class__", "db", "clock")}
         _check_basics(maxsize, name, thread_exit, clock)
         self.visibility_timeout = check_visibility(visibility_timeout)
         kind = _kind(self._kind, lifo)
@@ -303,12 +326,14 @@ class AckQueue(_stdlib_queue.Queue):
         self._default_put = None
         self._connections = weakref.WeakSet()
         self._clock = clock = clock or time.time
+        self._pid = os.getpid()
         through_service = is_url(path)
         self._set_acks(acks, ack_with_next_get, through_service)
         self.prefetch = _prefetch(prefetch, path, kind)
         self.prefetch_wait = _prefetch_wait(prefetch_wait, self.prefetch)
         self._database = (RemoteDatabase(self, path, db, durability, repair)
-                          if through_service else open_database(path, db, durability, repair))
+                          if through_service else self._open_storage(path, db, durability,
+                                                                     repair))
         # The per-thread proxy the database names: QueueConnection over ZODB,
         # RemoteConnection through the queue service.
         self._proxy_class = self._database.proxy_class
@@ -326,10 +351,36 @@ class AckQueue(_stdlib_queue.Queue):
         # queue in the process (their waits are one queue's waits).
         if thread_exit == "give_back" or self.visibility_timeout is not None:
             self._state.acknowledging = True
+        self._name_state_locks()
+
+    def _name_state_locks(self):
+        """queue.Queue's names for its lock and conditions, the state's."""
         self.mutex = self._state.mutex
         self.not_empty = self._state.not_empty
         self.not_full = self._state.not_full
         self.all_tasks_done = self._state.all_tasks_done
+
+    def _open_storage(self, path, db, durability, repair):
+        """The storage's database: this process's own handle (a file it opens is served
+        to the other processes that open it), or, for a file another process holds and
+        serves, a client of that process (ackqueue.shared)."""
+        if (db is not None or not isinstance(path, (str, os.PathLike))
+                or os.fspath(path).startswith("zeo://")):
+            return open_database(path, db, durability, repair)
+        file_path = os.path.realpath(os.fspath(path))
+        serving = FileServing(file_path, durability)
+        try:
+            return open_database(path, db, durability, repair, share=serving)
+        except QueueLocked as exc:
+            if repair or not files.available() or not files.shared(file_path):
+                raise
+            holding.joined(file_path)
+            try:
+                return SharedDatabase(self, file_path,
+                                      lambda: holding.take_over(file_path, serving),
+                                      lambda: holding.left(file_path))
+            except ServerUnavailable as unreachable:
+                raise exc from unreachable
 
     def _set_acks(self, acks, ack_with_next_get, through_service):
         """acks, ack_with_next_get and the ack window, checked against each other."""
@@ -403,7 +454,32 @@ class AckQueue(_stdlib_queue.Queue):
 
     # -- per-thread connections ----------------------------------------------------------
 
+    def _after_fork(self):
+        """A forked child using a queue its parent opened on a file: the parent's handle
+        must not be written (ackqueue.database._forked), so the queue reopens the file as a
+        client of its holder (the parent, or whoever holds it now), with what it held in
+        the parent left to the parent.  A queue in memory (or in an application's ZODB) is
+        the parent's alone: ValueError."""
+        self._pid = os.getpid()
+        database = self._database
+        if not getattr(database, "inherited", False):
+            return                  # a client (it reconnects by itself) or the child's own
+        if database.key[0] != "file":
+            raise ValueError(f"{self!r} was opened in the parent process before a fork: a "
+                             "queue in memory or in an application's ZODB cannot be used "
+                             "in a child process; open it with a path= to share it")
+        kind, codec_name = self._state.kind, self._state.codec
+        self._local = threading.local()
+        self._connections = weakref.WeakSet()
+        self._database = self._open_storage(database.key[1], None, None, False)
+        self._proxy_class = self._database.proxy_class
+        self._state = self._open_state(self.name, kind, self._clock, codec_name)
+        self._policy = self._dead_letter_policy(self.max_receives, self.dead_letter)
+        self._name_state_locks()
+
     def _conn(self):
+        if self._pid != os.getpid():
+            self._after_fork()
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed:
             self._check_open()
@@ -427,6 +503,8 @@ class AckQueue(_stdlib_queue.Queue):
     def _check_open(self):
         if self._closed:
             raise ValueError(f"{self!r} is closed")
+        if self._pid != os.getpid():
+            self._after_fork()
 
     # -- queue.Queue ----------------------------------------------------------------------
 
@@ -857,6 +935,21 @@ class AckQueue(_stdlib_queue.Queue):
         if failed is not None:
             raise failed
 
+    def __reduce__(self):
+        """A queue travels to another process (multiprocessing's spawn and forkserver, a
+        Pool initializer's arguments) as its path, name and options, and reopens there: a
+        file another process holds as a client of that process (ackqueue.owner), a
+        service's URL as a client of the service.  A queue in memory or in an
+        application's own ZODB (db=), or with clock=, cannot travel: TypeError."""
+        args = self._reopen_args
+        if args["path"] is None:
+            raise TypeError(f"{self!r} cannot be pickled: a queue in memory or in an "
+                            "application's ZODB (db=) lives in this process; give it a "
+                            "path= to share it with other processes")
+        if self._clock is not time.time:
+            raise TypeError(f"{self!r} cannot be pickled: its clock= stays in this process")
+        return _reopen, (type(self), args)
+
     def __enter__(self):
         return self
 
@@ -899,6 +992,12 @@ class AckPriorityQueue(AckQueue):
 
 
 
+def _reopen(cls, args):
+    """A pickled queue, opened again (AckQueue.__reduce__)."""
+    args = dict(args)
+    return cls(args.pop("maxsize"), **args)
+
+
 def queues(path_or_db=None):
     """Every named queue of a storage (a file path, a zeo:// URL, a queue service's
     http(s):// URL or a ZODB.DB) with its counts: {name: {"ready": r, "in_flight": f,
@@ -914,7 +1013,17 @@ def queues(path_or_db=None):
         where = None if path_or_db is None else os.fspath(path_or_db)
         if where is not None and not where.startswith("zeo://") and not os.path.exists(where):
             raise FileNotFoundError(f"no queue file at {where!r}")
-        database = open_database(path_or_db, None, None)
+        try:
+            database = open_database(path_or_db, None, None)
+        except QueueLocked:
+            if where is None or not files.available() or not files.shared(
+                    os.path.realpath(where)):
+                raise
+            probe = AckQueue(path=where)      # a client of the file's holder: puts nothing
+            try:
+                return probe._database.list_queues()
+            finally:
+                probe.close()
     else:
         database = open_database(None, path_or_db, None)
     try:

@@ -959,21 +959,27 @@ def _line(proc):
     return proc.stdout.readline().strip()
 
 
-def test_second_process_gets_queue_locked_and_the_holder_goes_on(tmp_path):
+def test_a_second_process_on_a_held_file_is_its_client_and_the_holder_goes_on(tmp_path):
+    """A second process that opens a file another process holds reaches its queues through
+    that process (ackqueue.owner; test_shared_file has the rest); what needs the file itself
+    (repair=True) is refused with QueueLocked naming the holder's pid."""
     path = tmp_path / "locked.fs"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER), str(path)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
         assert _line(holder) == "ready"
+        with AckQueue(path=path) as q:
+            assert "(shared)" in repr(q) and q.qsize() == 2
+            q.put("c0")
+        holder.stdin.write("put c1\n")
+        holder.stdin.flush()
+        assert _line(holder) == "ok 4"                  # the holder is undisturbed
         for attempt in range(2):
             with pytest.raises(QueueLocked) as info:
-                AckQueue(path=path)
+                AckQueue(path=path, repair=True)
             assert str(path) in str(info.value)
             assert f"pid {holder.pid}" in str(info.value)
-            holder.stdin.write(f"put c{attempt}\n")
-            holder.stdin.flush()
-            assert _line(holder) == f"ok {3 + attempt}"   # the holder is undisturbed
         holder.stdin.write("ack\nexit\n")
         holder.stdin.flush()
         assert _line(holder) == "ok 3"

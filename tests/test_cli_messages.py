@@ -101,35 +101,32 @@ def test_a_file_the_service_holds_is_refused_naming_ackqueue_serve_and_its_url(
     try:
         assert read_line(holder) == "open"
         with pytest.raises(QueueLocked) as info:
-            AckQueue(path=str(path))
+            AckQueue(path=str(path), repair=True)     # the file itself: refused
         assert f"pid {holder.pid}" in str(info.value)
         assert service.url not in str(info.value), str(info.value)
     finally:
         kill(holder)
 
 
-def test_a_file_a_plain_process_holds_is_refused_naming_the_service_as_the_way_to_share(
-        tmp_path):
-    """A second process refused a file held by a program (not a server) is told the way
-    README recommends for sharing a file between processes: ackqueue serve FILE, and
-    AckQueue(path="http://127.0.0.1:8080", ...) in every process; not ZEO."""
-    from ackqueue.filestorage import SHARING_URL
-    from ackqueue.service.main import DEFAULT_PORT
-    assert SHARING_URL == f"http://127.0.0.1:{DEFAULT_PORT}"
+def test_a_file_a_plain_process_holds_is_reached_through_it_by_queues_and_tools(tmp_path):
+    """A file held by a program (not a server) is shared by that program with the processes
+    that open the same path: AckQueue(path=FILE), ackqueue ls FILE and peek reach its
+    queues through it; what needs the file itself (repair=True) is refused, told that."""
     path = tmp_path / "q.fs"
     holder = spawn(HOLDER, path)
     try:
         assert read_line(holder) == "open"
+        with AckQueue(path=str(path), name="jobs") as q:
+            assert q.qsize() == 3
+        listing = run("ls", path)
+        assert listing.returncode == 0 and "jobs" in listing.stdout, listing
+        peek = run("peek", path, "jobs")
+        assert peek.returncode == 0 and "a" in peek.stdout, peek
         with pytest.raises(QueueLocked) as info:
-            AckQueue(path=str(path))
+            AckQueue(path=str(path), name="jobs", repair=True)
         text = str(info.value)
-        assert f"pid {holder.pid}" in text, text
-        assert f"ackqueue serve {path}" in text, text
-        assert f"AckQueue(path='{SHARING_URL}', name=...)" in text, text
+        assert f"pid {holder.pid}" in text and "shares it" in text, text
         assert "ackqueue server" not in text and "zeo://" not in text, text
-        line = one_line_error(run("ls", path), 1)
-        assert f"ackqueue serve {path}" in line and SHARING_URL in line, line
-        assert "ackqueue server" not in line and "zeo://" not in line, line
     finally:
         kill(holder)
 

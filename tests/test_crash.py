@@ -95,7 +95,10 @@ def test_sigkill_inside_transaction_rolls_back(tmp_path):
             q.get_nowait()
 
 
-def test_second_process_gets_queue_locked(tmp_path):
+def test_a_second_process_is_a_client_of_the_holder_and_a_killed_holder_loses_nothing(
+        tmp_path):
+    """A second process that opens the file reaches it through the holder
+    (ackqueue.shared); what it put there is in the file once the holder is SIGKILLed."""
     path = tmp_path / "locked.fs"
     child = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
@@ -111,19 +114,20 @@ def test_second_process_gets_queue_locked(tmp_path):
         ready, _, _ = select.select([child.stdout], [], [], CHILD_TIMEOUT)
         assert ready, "child did not open the queue in time"
         assert child.stdout.readline().strip() == "ready"
-        with pytest.raises(QueueLocked) as info:
-            AckQueue(path=path)
-        assert str(path) in str(info.value)
-        assert str(child.pid) in str(info.value)
+        client = AckQueue(path=path)
+        assert "(shared)" in repr(client) and client.qsize() == 1
+        client.put("from the client")
     finally:
         child.kill()
         child.wait(CHILD_TIMEOUT)
         child.stdout.close()
         child.stderr.close()
+    client.close()        # its process took the file over when the holder died; now let go
 
-    # Once the holder is gone the file opens, with what it put.
+    # Once the holder is gone the file opens, with what both put.
     with AckQueue(path=path) as q:
-        assert q.get_nowait() == "held"
+        assert "(shared)" not in repr(q)
+        assert [q.get_nowait(), q.get_nowait()] == ["held", "from the client"]
 
 
 def test_thread_dying_of_exception_gives_back_in_plain_code(tmp_path):

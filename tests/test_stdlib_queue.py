@@ -6,7 +6,9 @@ PriorityQueue are AckQueue, AckLifoQueue and AckPriorityQueue (named like the st
 because the tests look at the class name), in memory, on a fresh FileStorage file, and
 through a queue server (``ackqueue server``, started for this module; each queue is a new
 named queue on it), and through the queue service (``ackqueue serve``, started for this
-module; each queue a new name, AckQueue(path="http://...")).  Through the service only
+module; each queue a new name, AckQueue(path="http://...")), and on a file a child
+process holds (each queue a new name of it, opened here as a client of that process).
+Through the service only
 QueueTest runs: the service opens FIFO queues, so AckLifoQueue and AckPriorityQueue over
 http raise NotSupported by design (LIFO order and ordering by item value are not offered
 there: the service never unpickles items to compare them)."""
@@ -14,6 +16,8 @@ import itertools
 import os
 import queue
 import shutil
+import subprocess
+import sys
 import tempfile
 import types
 import unittest
@@ -52,6 +56,8 @@ class _Opened:
             return {"path": _server().url, "name": f"q{next(_names)}"}
         if where == "Remote":
             return {"path": _service().url, "name": f"q{next(_names)}"}
+        if where == "SharedFile":
+            return {"path": _holder(), "name": f"q{next(_names)}"}
         if self.directory is None:
             self.directory = tempfile.mkdtemp(prefix="ackqueue-stdlib-")
         return {"path": os.path.join(self.directory, f"q{len(self.queues)}.fs")}
@@ -90,7 +96,37 @@ def _service():
     return _services[0]
 
 
+_holders = []
+HOLDER = """
+import sys
+from ackqueue import AckQueue
+q = AckQueue(path=sys.argv[1], name="held")
+print("open", flush=True)
+sys.stdin.readline()
+q.close()
+"""
+
+
+def _holder():
+    """The path of a file another process (a child, for this module) holds and shares:
+    every queue of it opened here is a client of that process (ackqueue.shared)."""
+    if not _holders:
+        if not _server_dir:
+            _server_dir.append(tempfile.mkdtemp(prefix="ackqueue-stdlib-server-"))
+        path = os.path.join(_server_dir[0], "held.fs")
+        proc = subprocess.Popen([sys.executable, "-c", HOLDER, path], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "open"
+        _holders.append((proc, path))
+    return _holders[0][1]
+
+
 def teardown_module():
+    for proc, _ in _holders:
+        ackqueue.database._close_all()       # clients first
+        proc.stdin.write("exit\n")
+        proc.stdin.flush()
+        assert proc.wait(60) == 0
     for svc in _services:
         assert svc.stop() == 0
     for srv in _servers:
@@ -133,4 +169,9 @@ if stdlib is not None:
     # The service opens FIFO queues only (see the module docstring).
     _case = _make(stdlib.QueueTest, "Remote")
     globals()[_case.__name__] = _case
+    # A file another process holds: FIFO and LIFO (ordering by item value would make the
+    # holder unpickle items).
+    for _base in (stdlib.QueueTest, stdlib.LifoQueueTest):
+        _case = _make(_base, "SharedFile")
+        globals()[_case.__name__] = _case
     del _where, _base, _case

@@ -8,7 +8,8 @@ import click
 import transaction
 
 from .. import store
-from ..errors import AckQueueError
+from ..shared import files
+from ..errors import AckQueueError, QueueLocked
 from ..queue import AckLifoQueue, AckPriorityQueue, AckQueue, queues
 from ..database import open_database
 
@@ -64,6 +65,7 @@ class Target:
     def __init__(self, where, *, create=False):
         self.where = where
         self._queues = []
+        self.shared = is_service(where)     # reached through a service's API
         if is_service(where):
             # Through the queue service: its native API (ackqueue.remote); queues are
             # FIFO there, and the service packs its file itself (POST /v1/pack).
@@ -77,7 +79,16 @@ class Target:
                 raise CommandError(f"{where!r} is a directory, not a queue file")
             if not create and not os.path.exists(where):
                 raise CommandError(f"no queue file at {where!r}")
-        self.database = open_database(where)
+        try:
+            self.database = open_database(where)
+        except QueueLocked:
+            if is_server(where) or not files.available() or not files.shared(
+                    os.path.realpath(where)):
+                raise
+            # A program holds the file and shares it (ackqueue.shared): through it, with
+            # what a client of it can do (the service's drop-in's).
+            self.database = None
+            self.shared = True
 
     def __enter__(self):
         return self
@@ -145,7 +156,7 @@ class Target:
         found = self.catalog().get(name, {}).get("kind")
         if found is None and must_exist:
             raise QueueNotFound(f"queue {name!r} not found in {self.where}")
-        if is_service(self.where):
+        if self.shared:
             found, kind = store.FIFO, None    # the service opens FIFO queues
         q = CLASSES[found or kind or store.FIFO](path=self.where, name=name)
         self._queues.append(q)

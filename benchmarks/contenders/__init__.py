@@ -13,7 +13,8 @@ Everything else (the command line's --contender ids, the tables, the chart) foll
 """
 from benchmarks.contenders import (ackqueue, lean, lean_shared, litequeue, persist_queue,
                                    service, stdlib, zeo)
-from benchmarks.contenders import ackqueue_floor, ackqueue_noexpiry, ackqueue_remote, wake_floor
+from benchmarks.contenders import (ackqueue_file, ackqueue_floor, ackqueue_noexpiry,
+                                   ackqueue_remote, wake_floor)
 from benchmarks.contenders.base import Adapter, Contender, SharedContender  # noqa: F401
 
 
@@ -44,6 +45,7 @@ def _contenders():
 def _shared():
     """Every way several processes share a queue, for (e) across processes and (g)."""
     return [
+        ackqueue_file.SHARED,             # the same path in every process
         ackqueue_remote.SHARED,
         ackqueue_remote.SHARED_ACK_WITH_GET,
         ackqueue_remote.SHARED_OS,        # (e) across processes: the floor without fsync
