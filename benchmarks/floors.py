@@ -89,6 +89,53 @@ def measure_file_floors(tmp_root, commits=1000, blocks=5, samples=300, seed=5):
             "pause_s": list(E_PAUSE), "commits": commits, "samples": samples}
 
 
+_ECHO = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+while True:
+    data = s.recv(65536)
+    if not data:
+        break
+    s.sendall(data)
+"""
+
+
+def unix_socket_round_trip(tmp_root, rounds=2000, size=64):
+    """The bare Unix-socket round trip between two processes (µs): one process sends size
+    bytes and waits for them to come back from an echoing child, rounds times; p50 and
+    p90.  The floor under one request to a queue file's owner (ackqueue.shared)."""
+    import socket
+    import subprocess
+    import sys
+    directory = tempfile.mkdtemp(prefix="ackbench-sock-", dir=tmp_root)
+    path = os.path.join(directory, "echo.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    child = subprocess.Popen([sys.executable, "-c", _ECHO, path])
+    try:
+        conn, _ = listener.accept()
+        message, times = b"x" * size, []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            conn.sendall(message)
+            got = 0
+            while got < size:
+                got += len(conn.recv(65536))
+            times.append((time.perf_counter() - t) * 1e6)
+        conn.close()
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        listener.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    times.sort()
+    return {"p50_us": statistics.median(times), "p90_us": times[int(len(times) * 0.9)],
+            "rounds": rounds, "bytes": size}
+
+
 def zeo_commit_after_pause(url, samples=150, seed=5):
     """Bare one-object commits through the ZEO server at url (zeo://HOST:PORT), each after
     scenario (e)-across-processes' pause: p50 and p10 (ms)."""

@@ -1,11 +1,13 @@
 """(g) Producer and consumer processes on one shared queue, an ack per item."""
 import os
+import resource
 import sys
 import time
 import traceback
 
 from benchmarks.children import report
 from benchmarks.common import Timeout, dir_size, fmt, make_item, one_line
+from benchmarks.floors import unix_socket_round_trip
 from benchmarks.scenarios.shared import (SharedRun, in_child, record_failure,
                                          shared_counts, summarise)
 
@@ -43,6 +45,7 @@ def g_one(sc, producers, consumers, total, tmp_root):
             child.expect("ready", 120)
         deadline = time.monotonic() + G_LIMIT
         t0 = time.time()
+        cpu0 = process_cpu()
         for child in cons + prods:
             child.send("go")
         prod_reps = [p.expect("done", max(1.0, deadline - time.monotonic())) for p in prods]
@@ -51,6 +54,7 @@ def g_one(sc, producers, consumers, total, tmp_root):
         for _ in range(consumers):
             run.ad.put({"stop": True})
         cons_reps, hung = _consumers_done(out, cons, logs, errors)
+        _cpu(out, process_cpu() - cpu0, prod_reps, cons_reps)
         _delivery(out, logs, t0, expected, cons_reps)
         _counters(out, cons_reps, prod_reps, consumers)
         if not hung:
@@ -132,6 +136,26 @@ def _delivery(out, logs, t0, expected, cons_reps):
     out["not_delivered_ids"] = sorted(expected - unique)[:20]
 
 
+def process_cpu():
+    """This process's CPU seconds so far (user + system, every thread)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _cpu(out, parent_seconds, prod_reps, cons_reps):
+    """CPU µs per item: the parent's over the run (the owner, for a contender whose
+    parent holds the queue file; near zero for the others, whose server is a process of
+    its own), each producer's and each consumer's from "go" to its last item."""
+    n = out.get("count")
+    if not n:
+        return
+    per = lambda seconds: round(seconds * 1e6 / n, 1)   # noqa: E731
+    out["cpu_us_per_item"] = {
+        "parent": per(parent_seconds),
+        "producers": [per(r["cpu"]) for r in prod_reps if r.get("cpu") is not None],
+        "consumers": [per(r["cpu"]) for r in cons_reps if r.get("cpu") is not None]}
+
+
 def _summed(counts):
     """{key: the sum of its values} over several {key: count} of the processes of a run."""
     total = {}
@@ -194,6 +218,7 @@ def _drain(run, out, errors):
 def _produce(ad, count, start):
     sys.stdin.readline()                       # "go"
     t0 = time.time()
+    cpu0 = process_cpu()
     done, error, tb = 0, None, None
     try:
         for i in range(start, start + count):
@@ -202,7 +227,7 @@ def _produce(ad, count, start):
     except Exception as exc:   # noqa: BLE001 - reported: put_ok puts returned
         error, tb = f"{type(exc).__name__}: {exc}", traceback.format_exc()
     report(event="done", start=t0, end=time.time(), put_ok=done, error=error,
-           traceback=tb, diag=ad.diagnostics())
+           traceback=tb, diag=ad.diagnostics(), cpu=process_cpu() - cpu0)
 
 
 def child_producer(shared_id, location, count, start, *extra):
@@ -248,13 +273,15 @@ def _consume(ad, log_path):
     error, tb = None, None
     with open(log_path, "w") as log:
         sys.stdin.readline()                   # "go"
+        cpu0 = process_cpu()
         try:
             _consume_until_stopped(ad, log, state)
         except Exception as exc:   # noqa: BLE001 - reported with what it got
             error, tb = f"{type(exc).__name__}: {exc}", traceback.format_exc()
     report(event="done", got=state["got"], last_ack=state["last_ack"],
            timed_out=state["timed_out"], error=error, traceback=tb,
-           diag=ad.diagnostics(), after_stop=state["after_stop"] or 0)
+           diag=ad.diagnostics(), after_stop=state["after_stop"] or 0,
+           cpu=process_cpu() - cpu0)
 
 
 def child_consumer(shared_id, location, count, start, log_path):
@@ -297,6 +324,11 @@ def _shown(r):
             shown += f" consumers-timed-out={r['consumers_timed_out']}"
         if r.get("qsize_after_drain"):
             shown += f" qsize-after-drain={r['qsize_after_drain']}"
+        cpu = r.get("cpu_us_per_item")
+        if cpu:
+            shown += (f" cpu-us/item parent={fmt(cpu['parent'])} "
+                      f"producers={'+'.join(fmt(v) for v in cpu['producers'])} "
+                      f"consumers={'+'.join(fmt(v) for v in cpu['consumers'])}")
         if "consumers" in r:
             k = r["consumers"]
             shown += (f" commits={k['commits']} conflicts={k['conflicts']} "
@@ -329,5 +361,10 @@ def run(args, shared, tmp_root):
             results[sc.label] = entry
         variants[f"{p}p{c}c"] = {"producers": p, "consumers": c, "results": results,
                                  "title": f"{p} producer + {c} consumer processes"}
+    socket_floor = unix_socket_round_trip(tmp_root)
+    print(f"  floor: a bare Unix-socket round trip between two processes, p50 "
+          f"{socket_floor['p50_us']:.0f} µs (p90 {socket_floor['p90_us']:.0f} µs)",
+          flush=True)
     return {"title": TITLE, "description": one_line(g_one.__doc__),
-            "seconds": time.perf_counter() - started, "variants": variants}
+            "seconds": time.perf_counter() - started, "variants": variants,
+            "floors": {"unix_socket_round_trip": socket_floor}}
