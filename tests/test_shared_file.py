@@ -280,3 +280,118 @@ def test_a_forked_child_cannot_use_its_parents_queue_in_memory():
         assert os.waitstatus_to_exitcode(status) == 0
         assert q.get(timeout=1) == "x"                 # the parent's queue is untouched
         q.task_done()
+
+
+# -- faults with real processes ------------------------------------------------------------
+
+PRODUCER = """
+    import sys
+    from ackqueue import AckQueue
+    path, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    with AckQueue(path=path, name="jobs") as q:
+        for i in range(first, first + count):
+            q.put(i)
+    """
+
+CONSUMER = """
+    import os, sys, time
+    from ackqueue import AckQueue, Empty, StaleAck
+    path, log, done = sys.argv[1], sys.argv[2], sys.argv[3]
+    with AckQueue(path=path, name="jobs") as q, open(log, "w") as out:
+        while True:
+            try:
+                item = q.get(timeout=1)
+            except Empty:
+                if os.path.exists(done):
+                    break
+                continue
+            out.write(f"got {item} {time.time()!r}\\n")
+            out.flush()
+            try:
+                q.task_done()
+            except StaleAck:
+                # Handed out by the owner that was killed: it comes back; or acknowledged
+                # by a first attempt whose answer that owner took with it.
+                continue
+            out.write(f"acked {item} {time.time()!r}\\n")
+            out.flush()
+    """
+
+
+def _lines(path):
+    try:
+        with open(path) as f:
+            return [line.split() for line in f if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+
+
+def test_two_producers_and_two_consumers_lose_nothing_when_the_owner_is_sigkilled(tmp_path):
+    """Every process opens the same path; the first (a holder doing nothing else) is
+    SIGKILLed once items flow: a client takes the file over, every item is acknowledged,
+    none comes back after its ack returned, and the queue drains."""
+    path = str(tmp_path / "q.fs")
+    done = str(tmp_path / "done")
+    holder = _holder(path, 0)
+    logs = [str(tmp_path / f"consumer{k}.log") for k in range(2)]
+    consumers = [spawn(CONSUMER, path, log, done) for log in logs]
+    producers = [spawn(PRODUCER, path, k * 300, 300) for k in range(2)]
+    procs = consumers + producers
+    try:
+        deadline = time.monotonic() + BOUND
+        while sum(len(_lines(f)) for f in logs) < 100:     # items are flowing
+            assert time.monotonic() < deadline, "no item went through"
+            time.sleep(0.01)
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(BOUND)
+        for p in producers:
+            assert p.wait(BOUND * 2) == 0, p.stderr.read()
+        open(done, "w").close()
+        for p in consumers:
+            assert p.wait(BOUND * 2) == 0, p.stderr.read()
+    finally:
+        for p in procs + [holder]:
+            kill(p)
+    events = [(float(at), what, int(item)) for log in logs for what, item, at in _lines(log)]
+    acked = {}
+    for at, what, item in events:
+        if what == "acked":
+            acked[item] = min(at, acked.get(item, at))
+    # None received again after an ack of it returned; every item received at least once
+    # (an ack whose first attempt went with the killed owner may answer StaleAck even
+    # though it was made: that item is received once and never again).
+    assert [item for at, what, item in events
+            if what == "got" and item in acked and at > acked[item]] == []
+    assert {item for _, what, item in events if what == "got"} == set(range(600))
+    with AckQueue(path=path, name="jobs") as q:
+        assert q.qsize() == 0 and q.unfinished_tasks == 0
+
+
+def test_a_client_thread_that_dies_holding_an_item_gives_it_back(tmp_path, monkeypatch):
+    """The embedded rule, in a client: a thread that ends by an exception holding an item
+    gives it back (within about a second), at its place."""
+    import threading
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)   # its traceback
+    path = str(tmp_path / "q.fs")
+    holder = _holder(path, 2)
+    try:
+        with AckQueue(path=path, name="jobs") as q:
+            got = []
+
+            def worker():
+                got.append(q.get(timeout=BOUND))
+                raise RuntimeError("the worker dies holding its item")
+            t = threading.Thread(target=worker)
+            t.start()
+            t.join(BOUND)
+            assert got == ["item-0"]
+            deadline = time.monotonic() + BOUND
+            while q.qsize() < 2:                     # a bound on a failure only
+                assert time.monotonic() < deadline, "the dead thread's item never came back"
+                time.sleep(0.01)
+            assert q.get(timeout=BOUND) == "item-0"      # given back, at its place
+            q.task_done()
+            assert q.get(timeout=BOUND) == "item-1"
+            q.task_done()
+    finally:
+        kill(holder)
