@@ -395,3 +395,26 @@ def test_a_client_thread_that_dies_holding_an_item_gives_it_back(tmp_path, monke
             q.task_done()
     finally:
         kill(holder)
+
+
+def test_ackqueue_serve_share_file_serves_the_same_path_beside_http(tmp_path):
+    """ackqueue serve FILE --share-file: processes that open FILE itself are clients of the
+    service's process over the lean wire, on the same queues as its HTTP clients."""
+    pytest.importorskip("aiohttp")
+    from service_proc import Service
+    path = str(tmp_path / "q.fs")
+    service = Service(path, tmp_path / "service.log", "--share-file")
+    try:
+        with AckQueue(path=path, name="jobs") as by_path, \
+                AckQueue(path=service.url, name="jobs") as by_url:
+            assert "(shared)" in repr(by_path)
+            by_path.put("from the path")
+            assert by_url.get(timeout=BOUND) == "from the path"
+            by_url.task_done()
+            by_url.put("from http")
+            assert by_path.get(timeout=BOUND) == "from http"
+            by_path.task_done()
+            assert by_url.qsize() == 0 and by_path.unfinished_tasks == 0
+    finally:
+        assert service.stop() == 0
+    assert not os.path.exists(files.socket_path(os.path.realpath(path)))

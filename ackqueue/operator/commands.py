@@ -126,6 +126,23 @@ def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure)
     sys.exit(code)
 
 
+def _check_serve_options(options):
+    """(path, memory) of serve's options, once they are checked (UsageError)."""
+    path, memory = options["path"], options["memory"]
+    if (path is None) == (not memory):
+        raise click.UsageError("give the queue file PATH or --memory (one of them)")
+    if not 0 <= options["port"] <= 65535:
+        raise click.UsageError(f"port {options['port']} is out of range")
+    if (not options["lease_timeout"] > 0 or options["max_body"] < 1
+            or options["threads"] < 1):
+        raise click.UsageError("--lease-timeout, --max-body and --threads must be positive")
+    if memory and options["durability"] != "fsync":
+        raise click.UsageError("--durability applies to a queue file, not --memory")
+    if memory and options.get("share_file"):
+        raise click.UsageError("--share-file applies to a queue file, not --memory")
+    return path, memory
+
+
 @cli.command(short_help="the queue service: one process owns the queue file and serves the "
                         "native HTTP API (needs pip install 'ackqueue[service]')")
 @click.argument("path", required=False)
@@ -135,6 +152,9 @@ def server(path, listen, durability, tls_cert, tls_key, tls_client_ca, insecure)
 @click.option("--port", type=int, default=8080, show_default=True,
               help="TCP port (0 picks a free one)")
 @click.option("--socket", "socket_path", metavar="PATH", help="also serve on this Unix socket")
+@click.option("--share-file", is_flag=True,
+              help="also serve the processes of this machine that open PATH itself "
+                   "(AckQueue(path=PATH)), over the lean wire on PATH.sock")
 @click.option("--durability", type=click.Choice(["fsync", "os"]), default="fsync",
               show_default=True,
               help="fsync: every commit survives a power cut; os: commits survive a crash "
@@ -195,16 +215,7 @@ def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout,
                                      socket_path=socket_path, durability=durability,
                                      lease_timeout=lease_timeout, max_body=max_body,
                                      threads=threads, loop=loop, **more))
-    path, memory = options["path"], options["memory"]
-    if (path is None) == (not memory):
-        raise click.UsageError("give the queue file PATH or --memory (one of them)")
-    if not 0 <= options["port"] <= 65535:
-        raise click.UsageError(f"port {options['port']} is out of range")
-    if (not options["lease_timeout"] > 0 or options["max_body"] < 1
-            or options["threads"] < 1):
-        raise click.UsageError("--lease-timeout, --max-body and --threads must be positive")
-    if memory and options["durability"] != "fsync":
-        raise click.UsageError("--durability applies to a queue file, not --memory")
+    path, memory = _check_serve_options(options)
     try:
         from ..service.main import serve as run_service
     except ImportError as exc:
@@ -232,7 +243,8 @@ def serve(ctx, path, memory, host, port, socket_path, durability, lease_timeout,
                            sasquatch=options.get("sasquatch"), ssl_context=ssl_context,
                            auth=auth, max_idle_connections=options["max_idle_connections"],
                            max_idle_per_address=options["max_idle_per_address"],
-                           header_timeout=options["header_timeout"])
+                           header_timeout=options["header_timeout"],
+                           share_file=options.get("share_file", False))
     except socket.gaierror as exc:      # one line, never a traceback
         raise CommandError(f"--host {options['host']}: no address found for this host "
                            f"name ({exc.strerror}); give a name or address of this "

@@ -200,6 +200,20 @@ class Service:
         return AckQueue(maxsize, path=self.path, name=name, durability=self.durability,
                         lifo=lifo)
 
+    def share_file(self):
+        """Serve, beside the service, the processes of this machine that open the file
+        itself (AckQueue(path=FILE)) over the lean wire on its Unix socket (see
+        ackqueue.shared.owner); the socket's path.  They share every queue with the
+        service's clients."""
+        from ackqueue.queue import FileServing
+        from ackqueue.shared.owner import Owner
+        if self.path is None:
+            raise ValueError("--share-file applies to a queue file, not --memory")
+        if self._handle.owner is None:
+            self._handle.owner = Owner(self._handle, self.path,
+                                       FileServing(self.path, self.durability))
+        return self._handle.owner.socket_path
+
     def committer(self):
         """The committer of the service's storage: the event loop's bridge listens to it
         (bridge.Bridge.attach) to learn when a group commit's outcomes have all run."""

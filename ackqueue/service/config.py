@@ -66,6 +66,8 @@ KEYS = [
     ("server", "memory", _bool, False, None, None, "true/false/yes/no/1/0", "memory"),
     ("server", "socket", _str, "", None, None, "also serve on this Unix socket (empty: no)",
      "socket_path"),
+    ("server", "share_file", _bool, False, None, None, "true/false: also serve processes "
+     "that open the file itself, on FILE.sock", "share_file"),
     ("server", "durability", _choice("fsync", "os"), "fsync", None, None,
      "fsync or os (a queue file's commits)", "durability"),
     ("server", "lease_timeout", _float, 30.0, 0.001, 86400, "seconds, native API client "

@@ -113,18 +113,31 @@ async def _serve(service, host, port, socket_path, out, *, pool_size, max_body,
         await runner.cleanup()          # finish requests, close the queues
 
 
+def _share_file(service):
+    """--share-file: the file's own socket too (a failure closes the service)."""
+    try:
+        log.info("ackqueue serve: processes that open %s itself reach it on %s",
+                 service.path, service.share_file())
+    except BaseException:
+        service.close()
+        raise
+
+
 def serve(path=None, host="127.0.0.1", port=DEFAULT_PORT, *, socket_path=None,
           durability="fsync", lease_timeout=30.0, pool_size=64, max_body=1 << 20,
           loop="asyncio", shutdown_timeout=10.0, client_timeout=60.0, out=sys.stdout,
           sasquatch=None, ssl_context=None, auth=None, max_idle_connections=0,
-          max_idle_per_address=0, header_timeout=HEADER_TIMEOUT):
+          max_idle_per_address=0, header_timeout=HEADER_TIMEOUT, share_file=False):
     """Serve the queues of the file path (memory when None) until SIGTERM or SIGINT.
     max_idle_connections, max_idle_per_address: the caps on unauthenticated idle
     connections (0: derived from the descriptor limit); header_timeout: the seconds a new
-    connection has to send a complete request (ackqueue.service.gate)."""
+    connection has to send a complete request (ackqueue.service.gate).  share_file: also
+    serve the processes of this machine that open the file itself (Service.share_file)."""
     if path is not None:
         path = os.path.realpath(path)
     service = Service(path, durability=durability, lease_timeout=lease_timeout)
+    if share_file:
+        _share_file(service)
     service.description = (f"file {path}, durability {durability}" if path
                            else "in memory")
     try:
