@@ -418,3 +418,25 @@ def test_ackqueue_serve_share_file_serves_the_same_path_beside_http(tmp_path):
     finally:
         assert service.stop() == 0
     assert not os.path.exists(files.socket_path(os.path.realpath(path)))
+
+
+def test_what_a_client_cannot_do_is_refused_saying_why(tmp_path):
+    from ackqueue import AckLifoQueue, AckPriorityQueue, NotSupported
+    path = str(tmp_path / "q.fs")
+    holder = _holder(path, 0)
+    try:
+        with pytest.raises(NotSupported, match="priority="):
+            AckPriorityQueue(path=path, name="by-value")
+        with pytest.raises(ValueError, match="clock="):
+            AckQueue(path=path, name="jobs", clock=lambda: 0.0)
+        with AckQueue(path=path, name="jobs") as q:
+            with pytest.raises(NotSupported, match="transaction"):
+                with q.transaction():
+                    pass
+        with AckLifoQueue(path=path, name="stack") as s:   # LIFO works, ordered by the holder
+            s.put_many(["a", "b", "c"])
+            assert [s.get(timeout=BOUND) for _ in range(3)] == ["c", "b", "a"]
+            for _ in range(3):
+                s.task_done()
+    finally:
+        kill(holder)
