@@ -440,3 +440,22 @@ def test_what_a_client_cannot_do_is_refused_saying_why(tmp_path):
                 s.task_done()
     finally:
         kill(holder)
+
+
+def test_a_queue_file_no_other_process_joined_leaves_no_thread_nor_socket(tmp_path):
+    """The owner a lone process starts with its file (a socket and an accept thread) is
+    gone with the file's last queue."""
+    import threading
+    path = str(tmp_path / "q.fs")
+    for _ in range(3):
+        with AckQueue(path=path, name="jobs") as q:
+            assert os.path.exists(files.socket_path(os.path.realpath(path)))
+            q.put("x")
+            assert q.get() == "x"
+            q.task_done()
+    assert not os.path.exists(files.socket_path(os.path.realpath(path)))
+    deadline = time.monotonic() + BOUND
+    mine = f"ackqueue-owner {os.path.realpath(path)}"         # its accept thread's name
+    while any(t.name == mine for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "an owner thread outlived its file"
+        time.sleep(0.01)
