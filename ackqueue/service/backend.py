@@ -22,7 +22,8 @@ import ackqueue
 from ackqueue import AckQueue
 from ackqueue.errors import NotHeld
 from ackqueue.database import open_database
-from ackqueue.interfaces import IClientConnection, IServiceBackend
+from ackqueue.interfaces import IServiceBackend
+from ackqueue.shared.owner import ClientConn   # one client's connection to one queue
 
 __all__ = ["Service", "Session", "Leases", "Delivery", "ClientConn", "check_name",
            "check_client"]
@@ -41,43 +42,6 @@ def check_client(client):
     if not isinstance(client, str) or not _CLIENT.match(client):
         raise ValueError("a client id is 1 to 128 characters among A-Z a-z 0-9 _ . : -")
     return client
-
-
-@implementer(IClientConnection)
-class ClientConn:
-    """One client's connection to one queue: it holds that client's deliveries, and their
-    acks, nacks and visibility changes go through it (the connection that received them),
-    one call at a time under its lock."""
-
-    __slots__ = ("conn", "lock", "queue")
-
-    def __init__(self, queue, conn):
-        self.queue = queue
-        self.conn = conn
-        self.lock = threading.Lock()
-
-    def holding(self, message):
-        """The delivery a received Message names; NotHeld when it names none."""
-        h = self.conn.find(message)
-        if h is None:
-            raise NotHeld(f"{message!r} is not a delivery of queue {self.queue.name!r} "
-                          "held for this client")
-        return h
-
-    def submit_acks(self, messages, then):
-        """Acknowledge received messages in one commit, all or none, without waiting for
-        it (the seam's then=): StaleAck or NotHeld at once and nothing is submitted, else
-        then(error) runs once the commit is durable (None) or has failed.  The caller
-        holds the lock."""
-        holdings = list(dict.fromkeys(map(self.holding, messages)))   # a message twice: once
-        if holdings:
-            self.conn.ack_many_holdings(holdings, then=then)
-        else:
-            then(None)
-
-    def close(self):
-        with self.lock:
-            self.conn.close()         # gives back everything it still holds
 
 
 class Delivery:

@@ -25,12 +25,16 @@ Bodies stay bytes here: the owner checks a put's encoding against the queue's co
 import itertools
 import logging
 import os
+import queue as _queue
 import socket
 import threading
 import time
 
+from zope.interface import implementer
+
 from .. import codec
-from ..errors import NotHeld, QueueKindMismatch, StaleAck
+from ..errors import DuplicateMessage, NotHeld, QueueKindMismatch, StaleAck
+from ..interfaces import IClientConnection
 from ..filestorage import note_holder
 from . import files, wire
 
@@ -43,9 +47,12 @@ WAKE_SLICE = 1.0            # a waiting get looks again at least this often
 _PUT_OPTIONS = ("priority", "delay", "retention", "attributes", "dedup_window")
 
 
+@implementer(IClientConnection)
 class ClientConn:
     """One client's connection to one queue: it holds that client's deliveries, and their
-    acks, nacks and visibility changes go through it, one call at a time under its lock."""
+    acks, nacks and visibility changes go through it (the connection that received them),
+    one call at a time under its lock.  The queue service's backend holds its remote
+    clients' deliveries in these too."""
 
     __slots__ = ("conn", "lock", "queue")
 
@@ -64,9 +71,10 @@ class ClientConn:
 
     def submit_acks(self, messages, then):
         """Acknowledge received messages in one commit, all or none, without waiting for
-        it: StaleAck or NotHeld at once and nothing is submitted, else then(error) once
-        the commit is durable (None) or has failed.  The caller holds the lock."""
-        holdings = list(dict.fromkeys(map(self.holding, messages)))
+        it (the seam's then=): StaleAck or NotHeld at once and nothing is submitted, else
+        then(error) runs once the commit is durable (None) or has failed.  The caller
+        holds the lock."""
+        holdings = list(dict.fromkeys(map(self.holding, messages)))   # a message twice: once
         if holdings:
             self.conn.ack_many_holdings(holdings, then=then)
         else:
@@ -298,7 +306,6 @@ class Owner:
         dedup_ids, key = h.get("dedup_ids"), h.get("key")
         if key is not None:           # a retry of a put cut off on its way is stored once
             dedup_ids = ["idempotency:" + str(key)] + [None] * (len(bodies) - 1)
-        from ..errors import DuplicateMessage
         try:
             ids = q.put_many(bodies, encoded=True, dedup_ids=dedup_ids, **opts)
         except DuplicateMessage as exc:
@@ -344,7 +351,6 @@ class Owner:
 
     def _take(self, cc, q, wakeup, n, deadline, kwargs):
         """Up to n messages for cc, waiting until deadline (monotonic) for one."""
-        import queue as _queue
         while True:
             seen = wakeup.generation
             with cc.lock:
