@@ -86,6 +86,7 @@ class RemoteDatabase:
     exclusive = False
     owned = True
     proxy_class = RemoteConnection     # the front's per-thread proxy
+    channel_class = ServiceHttp        # one thread's connection, made of the target
 
     def __init__(self, front, url, db, durability, repair):
         if db is not None:
@@ -106,7 +107,13 @@ class RemoteDatabase:
                              "to 80 characters among A-Z a-z 0-9 _ . -")
         self.target = Target(url)
         self.description = self.target.url
-        self.client = self.target.access.client_id(client_id())
+        self.set_up(front, self.target.access.client_id(client_id()))
+        self._renew()                           # reachable now, or ServerUnavailable
+        self.start()
+
+    def set_up(self, front, client, lease_timeout=None):
+        """This process's state as a client: its id, the front, no channel yet."""
+        self.client = client
         self.front = weakref.ref(front)
         self.ack_with_next_get = getattr(front, "ack_with_next_get", False)
         self.closed = False
@@ -114,10 +121,8 @@ class RemoteDatabase:
         self._local = threading.local()
         self._https = weakref.WeakSet()
         self._https_lock = threading.Lock()
-        self.lease_timeout = None
+        self.lease_timeout = lease_timeout
         self._pid = os.getpid()
-        self._renew()                           # reachable now, or ServerUnavailable
-        self.start()
 
     def start(self):
         """Start the background thread (at open, and in a forked child)."""
@@ -214,7 +219,7 @@ class RemoteDatabase:
             self._after_fork()
         h = getattr(self._local, "http", None)
         if h is None:
-            h = self._local.http = ServiceHttp(self.target)
+            h = self._local.http = self.channel_class(self.target)
             with self._https_lock:
                 self._https.add(h)
         return h
@@ -288,9 +293,13 @@ class RemoteDatabase:
                 _open_count.pop(self._key, None)
         if not left and self._key[0] == os.getpid():
             self._end_lease()       # nothing of this process is held any more
+        for h in self.channels():
+            h.close()
+
+    def channels(self):
+        """This process's threads' connections (channel_class) made so far."""
         with self._https_lock:
-            for h in list(self._https):
-                h.close()
+            return list(self._https)
 
     def _end_lease(self):
         try:

@@ -19,12 +19,9 @@ the file again, up to wait_timeout (then ServerUnavailable).  A put carries an i
 key, so a put retried after a cut-off request is stored once; deliveries handed out by an
 owner that went are given back by the file's next open, so their acks raise StaleAck.
 """
-import os
 import socket
-import threading
 import time
 import uuid
-import weakref
 
 from .. import errors, store
 from ..errors import AckQueueError, ServerUnavailable
@@ -149,6 +146,7 @@ class SharedDatabase(RemoteDatabase):
     """The front's self._database for a queue file another process holds."""
 
     shared_file = None
+    channel_class = Channel          # made of its target: this database itself
 
     def __init__(self, front, path, take_over, on_release, wait_timeout=DEFAULT_WAIT_TIMEOUT):
         if front.clock is not time.time:
@@ -161,18 +159,9 @@ class SharedDatabase(RemoteDatabase):
         self.wait_timeout = wait_timeout
         self.take_over = take_over
         self._on_release = on_release
-        self.client = client_id()
-        self.front = weakref.ref(front)
-        self.ack_with_next_get = getattr(front, "ack_with_next_get", False)
-        self.closed = False
-        self.state_ = None
-        self._local = threading.local()
-        self._https = weakref.WeakSet()
-        self._https_lock = threading.Lock()
-        self.lease_timeout = PING_INTERVAL * 3
         self.target = self               # what RemoteDatabase reads off its target
         self.url = self.netloc = self.description
-        self._pid = os.getpid()
+        self.set_up(front, client_id(), PING_INTERVAL * 3)
         try:
             self._renew()                # reachable now, or ServerUnavailable
         except BaseException:
@@ -181,22 +170,10 @@ class SharedDatabase(RemoteDatabase):
         self.start()
 
     def _after_fork(self):
-        with self._https_lock:
-            inherited = list(self._https)
+        inherited = self.channels()
         super()._after_fork()
         for channel in inherited:        # the parent's sockets: this process's copies go
             channel.close()
-
-    def http(self):
-        """This thread's Channel to the owner."""
-        if self._pid != os.getpid():
-            self._after_fork()
-        channel = getattr(self._local, "http", None)
-        if channel is None:
-            channel = self._local.http = Channel(self)
-            with self._https_lock:
-                self._https.add(channel)
-        return channel
 
     def request(self, name, header, blobs=(), *, read_timeout=None):
         return self.http().request(name, header, blobs, read_timeout=read_timeout)
