@@ -84,7 +84,7 @@ class Database:
         self.last_put_at = None       # monotonic time of this process's latest put (shared)
         self.pack_lock = threading.Lock()   # one pack at a time (ackqueue.maintenance)
         self.autopacker = None
-        self.owner = None             # a file's: serves it to other processes (ackqueue.owner)
+        self.owner = None             # a file's: serves it to other processes (shared.owner)
         self.inherited = False        # a forked child's copy: the parent's, never touched
         if not exclusive:
             try:

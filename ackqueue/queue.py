@@ -206,8 +206,8 @@ class FileServing:
         self.durability = durability
 
     def front(self, name, kind=None):
-        cls = {store.LIFO: AckLifoQueue, store.VALUE: AckPriorityQueue}.get(kind, AckQueue)
-        return cls(path=self.path, name=name, durability=self.durability)
+        return CLASSES.get(kind, AckQueue)(path=self.path, name=name,
+                                           durability=self.durability)
 
     def list_queues(self):
         return queues(self.path)
@@ -372,7 +372,7 @@ class AckQueue(_stdlib_queue.Queue):
         try:
             return open_database(path, db, durability, repair, share=serving)
         except QueueLocked as exc:
-            if repair or not files.available() or not files.shared(file_path):
+            if repair or not files.reachable(file_path):
                 raise
             holding.joined(file_path)
             try:
@@ -938,7 +938,7 @@ class AckQueue(_stdlib_queue.Queue):
     def __reduce__(self):
         """A queue travels to another process (multiprocessing's spawn and forkserver, a
         Pool initializer's arguments) as its path, name and options, and reopens there: a
-        file another process holds as a client of that process (ackqueue.owner), a
+        file another process holds as a client of that process (ackqueue.shared), a
         service's URL as a client of the service.  A queue in memory or in an
         application's own ZODB (db=), or with clock=, cannot travel: TypeError."""
         args = self._reopen_args
@@ -992,10 +992,24 @@ class AckPriorityQueue(AckQueue):
 
 
 
+CLASSES = {store.FIFO: AckQueue, store.LIFO: AckLifoQueue, store.VALUE: AckPriorityQueue}
+"""The front class of each queue kind (store.FIFO, LIFO, VALUE)."""
+
+
 def _reopen(cls, args):
     """A pickled queue, opened again (AckQueue.__reduce__)."""
     args = dict(args)
     return cls(args.pop("maxsize"), **args)
+
+
+def _listed_through(where):
+    """queues() of a storage another process serves (a service's URL, or a file its
+    holder shares), asked through a handle on it: nothing is put."""
+    probe = AckQueue(path=where)
+    try:
+        return probe._database.list_queues()
+    finally:
+        probe.close()
 
 
 def queues(path_or_db=None):
@@ -1004,11 +1018,7 @@ def queues(path_or_db=None):
     "delayed": d}}: as the live queue in this process knows them when it is open here,
     else as the store (or the service) records them."""
     if isinstance(path_or_db, str) and is_url(path_or_db):
-        probe = AckQueue(path=path_or_db)     # a handle on the service: nothing is put
-        try:
-            return probe._database.list_queues()
-        finally:
-            probe.close()
+        return _listed_through(path_or_db)
     if isinstance(path_or_db, str) or path_or_db is None or hasattr(path_or_db, "__fspath__"):
         where = None if path_or_db is None else os.fspath(path_or_db)
         if where is not None and not where.startswith("zeo://") and not os.path.exists(where):
@@ -1016,14 +1026,9 @@ def queues(path_or_db=None):
         try:
             database = open_database(path_or_db, None, None)
         except QueueLocked:
-            if where is None or not files.available() or not files.shared(
-                    os.path.realpath(where)):
+            if where is None or not files.reachable(where):
                 raise
-            probe = AckQueue(path=where)      # a client of the file's holder: puts nothing
-            try:
-                return probe._database.list_queues()
-            finally:
-                probe.close()
+            return _listed_through(where)      # the file's holder lists them
     else:
         database = open_database(None, path_or_db, None)
     try:

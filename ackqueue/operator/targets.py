@@ -10,12 +10,10 @@ import transaction
 from .. import store
 from ..shared import files
 from ..errors import AckQueueError, QueueLocked
-from ..queue import AckLifoQueue, AckPriorityQueue, AckQueue, queues
+from ..queue import CLASSES, AckQueue, queues
 from ..database import open_database
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
-
-CLASSES = {store.FIFO: AckQueue, store.LIFO: AckLifoQueue, store.VALUE: AckPriorityQueue}
 
 
 class CommandError(click.ClickException):
@@ -82,8 +80,7 @@ class Target:
         try:
             self.database = open_database(where)
         except QueueLocked:
-            if is_server(where) or not files.available() or not files.shared(
-                    os.path.realpath(where)):
+            if is_server(where) or not files.reachable(where):
                 raise
             # A program holds the file and shares it (ackqueue.shared): through it, with
             # what a client of it can do (the service's drop-in's).

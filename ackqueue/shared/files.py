@@ -14,9 +14,16 @@ import time
 
 from ..filestorage import lock_holder
 
-__all__ = ["available", "socket_path", "owner_url", "shared", "bind", "unlink_if"]
+__all__ = ["available", "reachable", "socket_path", "owner_url", "shared", "bind",
+           "unlink_if"]
 
 _MAX_SUN_PATH = 100         # sockaddr_un holds 104 to 108 bytes, the final NUL included
+
+
+def reachable(path):
+    """Whether the queue file path, which this process could not lock, is reached through
+    the process that holds it (this platform has Unix sockets, and the holder shares it)."""
+    return available() and shared(os.path.realpath(path))
 
 
 def available():
