@@ -47,6 +47,14 @@ def _holder(path, items=3, **kwargs):
     return proc
 
 
+def _wait_until(condition, failure):
+    """Wait for condition() to hold, up to BOUND seconds (a bound on a failure only)."""
+    deadline = time.monotonic() + BOUND
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.01)
+
+
 def _ask(proc, line):
     proc.stdin.write(line + "\n")
     proc.stdin.flush()
@@ -156,10 +164,7 @@ def test_a_client_killed_holding_an_item_gives_it_back_at_its_place(tmp_path):
             assert q.qsize() == 1 and q.unfinished_tasks == 2
         finally:
             kill(client)
-        deadline = time.monotonic() + BOUND
-        while q.qsize() < 2:                          # a bound on a failure only
-            assert time.monotonic() < deadline, "the killed client's item never came back"
-            time.sleep(0.01)
+        _wait_until(lambda: q.qsize() >= 2, "the killed client's item never came back")
         assert [q.get(timeout=BOUND), q.get(timeout=BOUND)] == ["a", "b"]
         q.task_done()
         q.task_done()
@@ -338,10 +343,8 @@ def test_two_producers_and_two_consumers_lose_nothing_when_the_owner_is_sigkille
     producers = [spawn(PRODUCER, path, k * 300, 300) for k in range(2)]
     procs = consumers + producers
     try:
-        deadline = time.monotonic() + BOUND
-        while sum(len(_lines(f)) for f in logs) < 100:     # items are flowing
-            assert time.monotonic() < deadline, "no item went through"
-            time.sleep(0.01)
+        _wait_until(lambda: sum(len(_lines(f)) for f in logs) >= 100,   # items are flowing
+                    "no item went through")
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait(BOUND)
         for p in producers:
@@ -385,10 +388,7 @@ def test_a_client_thread_that_dies_holding_an_item_gives_it_back(tmp_path, monke
             t.start()
             t.join(BOUND)
             assert got == ["item-0"]
-            deadline = time.monotonic() + BOUND
-            while q.qsize() < 2:                     # a bound on a failure only
-                assert time.monotonic() < deadline, "the dead thread's item never came back"
-                time.sleep(0.01)
+            _wait_until(lambda: q.qsize() >= 2, "the dead thread's item never came back")
             assert q.get(timeout=BOUND) == "item-0"      # given back, at its place
             q.task_done()
             assert q.get(timeout=BOUND) == "item-1"
@@ -454,8 +454,6 @@ def test_a_queue_file_no_other_process_joined_leaves_no_thread_nor_socket(tmp_pa
             assert q.get() == "x"
             q.task_done()
     assert not os.path.exists(files.socket_path(os.path.realpath(path)))
-    deadline = time.monotonic() + BOUND
     mine = f"ackqueue-owner {os.path.realpath(path)}"         # its accept thread's name
-    while any(t.name == mine for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "an owner thread outlived its file"
-        time.sleep(0.01)
+    _wait_until(lambda: all(t.name != mine for t in threading.enumerate()),
+                "an owner thread outlived its file")
